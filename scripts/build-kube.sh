@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Build and cache the real Kubernetes control-plane parts the tests and the demo run:
+# kube-apiserver, kube-scheduler, kube-controller-manager (k8s.io/kubernetes), an etcd
+# server (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3), all from the Go module proxy.
+#
+# Usage: scripts/build-kube.sh [--print-dir]
+# Env:   KUBE_VERSION (v1.37.2)  ETCD_VERSION (v3.7.0)  HELM_VERSION (v3.22.0)
+#        ACCEL_KUBE_CACHE (default: ${XDG_CACHE_HOME:-~/.cache}/aws-accel-agents/kube)
+# Binaries land in $ACCEL_KUBE_CACHE/<kube>-etcd<etcd>-helm<helm>/bin; a second run is a no-op.
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
+ETCD_VERSION=${ETCD_VERSION:-v3.7.0}
+HELM_VERSION=${HELM_VERSION:-v3.22.0}
+GO_MIN=1.26
+CACHE=${ACCEL_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/aws-accel-agents/kube}
+ROOT="$CACHE/${KUBE_VERSION}-etcd${ETCD_VERSION}-helm${HELM_VERSION}"
+BIN="$ROOT/bin"
+WANTED=(kube-apiserver kube-scheduler kube-controller-manager etcd helm)
+
+if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
+
+have_all() { for b in "${WANTED[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done; }
+if have_all; then echo "kube binaries cached in $BIN"; exit 0; fi
+
+die() { echo "build-kube: $*" >&2; exit 1; }
+command -v go >/dev/null || die "Go is not installed; Go >= $GO_MIN is needed (k8s.io/kubernetes $KUBE_VERSION asks for it)."
+gov=$(go env GOVERSION | sed 's/^go//')
+ver_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]; }
+ver_ge "$gov" "$GO_MIN" || die "Go $gov is too old; Go >= $GO_MIN is needed for k8s.io/kubernetes $KUBE_VERSION."
+
+export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
+mkdir -p "$BIN" "$ROOT/log"
+
+# run LABEL LOG cmd...: run quietly; on failure show what matters, not pages.
+run() {
+  local label=$1 log=$2; shift 2
+  if ! "$@" >"$log" 2>&1; then
+    echo "build-kube: $label failed ($*); the lines that matter from $log:" >&2
+    grep -E 'error|cannot|missing|not found|undefined|go: ' "$log" | head -n 20 >&2 || true
+    echo "--- last lines ---" >&2; tail -n 15 "$log" >&2
+    exit 1
+  fi
+}
+
+minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+patch=${KUBE_VERSION##*.}
+staging_tag="v0.${minor}.${patch}"
+
+build_kube() {
+  local mod="$ROOT/src/kube"; mkdir -p "$mod"
+  local gomod
+  gomod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [[ -f "$gomod" ]] || die "could not download k8s.io/kubernetes@$KUBE_VERSION"
+  {
+    echo "module accelkubebuild"; echo; echo "go $GO_MIN"; echo
+    echo "require k8s.io/kubernetes $KUBE_VERSION"; echo
+    # The staging modules are required at v0.0.0 and replaced by local paths upstream;
+    # point each at its published tag instead.
+    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
+  } >"$mod/go.mod"
+  local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager)
+  echo "build-kube: resolving k8s.io/kubernetes $KUBE_VERSION modules"
+  (cd "$mod" && run "go get k8s.io/kubernetes@$KUBE_VERSION" "$ROOT/log/kube-get.log" go get "${pkgs[@]}")
+  local X=""
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    X+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  echo "build-kube: building kube-apiserver, kube-scheduler, kube-controller-manager (slow the first time)"
+  (cd "$mod" && run "go build k8s.io/kubernetes $KUBE_VERSION" "$ROOT/log/kube-build.log" \
+    go build -trimpath -ldflags "-s -w$X" -o "$BIN/" "${pkgs[@]}")
+}
+
+build_etcd() {
+  local mod="$ROOT/src/etcd"; mkdir -p "$mod"
+  printf 'module acceletcdbuild\n\ngo %s\n' "$GO_MIN" >"$mod/go.mod"
+  cat >"$mod/main.go" <<'GO'
+// Command etcd starts an etcd server from the published go.etcd.io/etcd/server/v3 module.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  echo "build-kube: building etcd $ETCD_VERSION"
+  (cd "$mod" && run "go get go.etcd.io/etcd/server/v3@$ETCD_VERSION" "$ROOT/log/etcd-get.log" \
+      go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+    && run "go build etcd" "$ROOT/log/etcd-build.log" go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" .)
+}
+
+build_helm() {
+  local mod="$ROOT/src/helm"; mkdir -p "$mod"
+  printf 'module accelhelmbuild\n\ngo %s\n' "$GO_MIN" >"$mod/go.mod"
+  echo "build-kube: building helm $HELM_VERSION"
+  (cd "$mod" && run "go get helm.sh/helm/v3@$HELM_VERSION" "$ROOT/log/helm-get.log" \
+      go get "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
+    && run "go build helm" "$ROOT/log/helm-build.log" go build -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$BIN/helm" helm.sh/helm/v3/cmd/helm)
+}
+
+start=$(date +%s)
+[[ -x "$BIN/etcd" ]] || build_etcd
+[[ -x "$BIN/helm" ]] || build_helm
+[[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-scheduler" && -x "$BIN/kube-controller-manager" ]] || build_kube
+have_all || die "build finished but binaries are missing in $BIN"
+echo "build-kube: done in $(( $(date +%s) - start ))s; binaries in $BIN"
