@@ -1,0 +1,30 @@
+"""Run a daemon's main coroutine on one event loop until SIGTERM or SIGINT, then let it clean up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from accel_core.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> int:
+    """Call ``main(stop)``; ``stop`` is set on SIGTERM/SIGINT. Returns the process exit code."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: (log.info("stopping", extra=kv(daemon=name, signal=s.name)),
+                                                       stop.set()))
+        await main(stop)
+
+    try:
+        asyncio.run(runner())
+    except KeyboardInterrupt:
+        return 130
+    return 0

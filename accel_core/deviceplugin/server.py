@@ -1,0 +1,325 @@
+"""A generic kubelet device-plugin server (v1beta1) over a unix socket.
+
+Life cycle, as the kubelet requires it:
+- serve DevicePlugin on ``<kubelet-root>/device-plugins/<socket>`` and prove it answers, then Register with
+  ``kubelet.sock`` (the kubelet dials back and calls GetDevicePluginOptions during Register);
+- ListAndWatch sends the full list at once and again on every change (both ways: Unhealthy and back);
+- a re-created ``kubelet.sock`` means the kubelet restarted and deleted every socket there, ours included: serve
+  again and register again (inotify makes this sub-second);
+- our own socket deleted: serve again and register again;
+- no kubelet: keep serving and retry; never exit for it; nothing to advertise yet: do not register at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginPolicy
+from accel_core.edits import ContainerEdits
+from accel_core.grpc_types import Ctx
+from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from accel_core.logs import kv
+from accel_core.paths import HostPaths, check_socket_path
+from accel_core.watch import ChangeWatcher
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+REGISTER_TIMEOUT_S = 5.0
+
+
+class DevicePluginMetrics:
+    """Server-level metrics, labelled by resource."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        reg = registry if registry is not None else CollectorRegistry()
+        self.registered = Gauge("accel_device_plugin_registered", "1 while registered with the kubelet",
+                                ["resource"], registry=reg)
+        self.registrations = Counter("accel_device_plugin_registrations_total",
+                                     "Successful Register calls to the kubelet", ["resource"], registry=reg)
+        self.devices = Gauge("accel_device_plugin_devices", "Advertised devices by health",
+                             ["resource", "health"], registry=reg)
+        self.allocations = Counter("accel_device_plugin_allocate_requests_total",
+                                   "Allocate container requests by result", ["resource", "result"], registry=reg)
+        self.allocate_seconds = Histogram("accel_device_plugin_allocate_duration_seconds",
+                                          "Allocate RPC latency", ["resource"], registry=reg,
+                                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0))
+
+
+def edits_to_response(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
+    """Translate generic container edits into the kubelet's per-container allocate response."""
+    resp = pb.ContainerAllocateResponse()
+    for node in edits.device_nodes:
+        resp.devices.append(pb.DeviceSpec(container_path=node.path, host_path=node.host_path or node.path,
+                                          permissions=node.permissions))
+    for mount in edits.mounts:
+        resp.mounts.append(pb.Mount(container_path=mount.container_path, host_path=mount.host_path,
+                                    read_only=mount.read_only))
+    resp.envs.update(dict(edits.env))
+    resp.annotations.update(dict(edits.annotations))
+    return resp
+
+
+def _to_pb_device(dev: AdvertisedDevice) -> pb.Device:
+    out = pb.Device(ID=dev.id, health="Healthy" if dev.healthy else "Unhealthy")
+    if dev.numa_node is not None and dev.numa_node >= 0:
+        out.topology.nodes.append(pb.NUMANode(ID=dev.numa_node))
+    return out
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class _Servicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, owner: DevicePluginServer) -> None:
+        self._owner = owner
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: Ctx) -> pb.DevicePluginOptions:  # noqa: N802
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(self, request: pb.Empty, context: Ctx) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802
+        async for devices in self._owner.device_updates():
+            yield pb.ListAndWatchResponse(devices=[_to_pb_device(d) for d in devices])
+
+    async def GetPreferredAllocation(  # noqa: N802
+        self, request: pb.PreferredAllocationRequest, context: Ctx
+    ) -> pb.PreferredAllocationResponse:
+        out = pb.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            try:
+                ids = self._owner.policy.preferred(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
+                                                   int(creq.allocation_size))
+            except AllocationError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return out
+
+    async def Allocate(self, request: pb.AllocateRequest, context: Ctx) -> pb.AllocateResponse:  # noqa: N802
+        owner = self._owner
+        resource = owner.policy.resource_name
+        start = time.perf_counter()
+        out = pb.AllocateResponse()
+        for creq in request.container_requests:
+            ids = list(creq.devices_ids)
+            try:
+                edits = owner.check_and_allocate(ids)
+            except AllocationError as exc:
+                owner.metrics.allocations.labels(resource, "error").inc()
+                log.warning("allocate refused", extra=kv(resource=resource, ids=",".join(ids), error=exc))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            owner.metrics.allocations.labels(resource, "ok").inc()
+            out.container_responses.append(edits_to_response(edits))
+        owner.metrics.allocate_seconds.labels(resource).observe(time.perf_counter() - start)
+        return out
+
+    async def PreStartContainer(  # noqa: N802
+        self, request: pb.PreStartContainerRequest, context: Ctx
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class DevicePluginServer:
+    """Serves one extended resource for one policy until ``stop`` is set."""
+
+    def __init__(
+        self,
+        policy: DevicePluginPolicy,
+        paths: HostPaths,
+        *,
+        registry: CollectorRegistry | None = None,
+        retry_interval: float = 1.0,
+    ) -> None:
+        self.policy = policy
+        self.metrics = DevicePluginMetrics(registry)
+        self._dir = paths.device_plugins_dir
+        self._socket = self._dir / policy.socket_name
+        self._kubelet_sock = paths.kubelet_socket
+        self._retry = retry_interval
+        self._devices: list[AdvertisedDevice] = []
+        self._version = 0
+        self._cond = asyncio.Condition()
+        self._server: grpc.aio.Server | None = None
+        self._socket_id: tuple[int, int] | None = None
+        self._registered_with: tuple[int, int] | None = None
+        self._watcher: ChangeWatcher | None = None
+        self._last_problem = ""
+        self.registered = asyncio.Event()
+
+    @property
+    def socket_path(self) -> Path:
+        return self._socket
+
+    @property
+    def devices(self) -> list[AdvertisedDevice]:
+        return list(self._devices)
+
+    # -- device list ---------------------------------------------------------------------------------------------
+    async def refresh(self) -> bool:
+        """Re-read the policy's device list; wake ListAndWatch streams if it changed. Returns True on change."""
+        blocked = self.policy.advertise_blocked()
+        devices = [] if blocked else list(self.policy.devices())
+        if blocked:
+            self._note(f"advertising nothing: {blocked}")
+        if devices == self._devices:
+            return False
+        async with self._cond:
+            self._devices = devices
+            self._version += 1
+            self._cond.notify_all()
+        healthy = sum(d.healthy for d in devices)
+        resource = self.policy.resource_name
+        self.metrics.devices.labels(resource, "healthy").set(healthy)
+        self.metrics.devices.labels(resource, "unhealthy").set(len(devices) - healthy)
+        log.info("device list changed", extra=kv(resource=resource, devices=len(devices), healthy=healthy))
+        if self._watcher is not None:
+            self._watcher.kick("devices")
+        return True
+
+    async def device_updates(self) -> AsyncIterator[list[AdvertisedDevice]]:
+        """The current list now, then the full list after every change (for one ListAndWatch stream)."""
+        seen = [-1]
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(lambda: self._version != seen[0])
+                seen[0] = self._version
+                snapshot = list(self._devices)
+            yield snapshot
+
+    def check_and_allocate(self, ids: Sequence[str]) -> ContainerEdits:
+        """Validate IDs against the advertised list (unknown or unhealthy -> AllocationError), then allocate."""
+        by_id = {d.id: d for d in self._devices}
+        for device_id in ids:
+            dev = by_id.get(device_id)
+            if dev is None:
+                raise AllocationError(f"unknown device ID {device_id!r} for {self.policy.resource_name}")
+            if not dev.healthy:
+                raise AllocationError(f"device {device_id!r} of {self.policy.resource_name} is unhealthy")
+        return self.policy.allocate(ids)
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve, register and keep both alive until ``stop`` is set; then remove the socket."""
+        await self.refresh()
+        watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=self._retry, debounce=0.01, depth=0)
+        self._watcher = watcher
+        async with watcher:
+            stop_task = asyncio.create_task(stop.wait())
+            try:
+                while not stop.is_set():
+                    await self._reconcile()
+                    change = asyncio.create_task(watcher.next_change())
+                    await asyncio.wait({change, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                    if not change.done():
+                        change.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await change
+            finally:
+                stop_task.cancel()
+                self._watcher = None
+                await self._stop_server()
+                log.info("device plugin stopped", extra=kv(resource=self.policy.resource_name))
+
+    async def _reconcile(self) -> None:
+        want = bool(self._devices) or self._server is not None
+        if not want:
+            self._note("no devices to advertise; not registering, still watching")
+            return
+        if not self._dir.is_dir():
+            self._note(f"kubelet device-plugin directory {self._dir} does not exist; waiting for it")
+            return
+        if self._server is None or _identity(self._socket) != self._socket_id:
+            if self._server is not None:
+                log.warning("plugin socket vanished (kubelet restart?); serving again",
+                            extra=kv(socket=str(self._socket)))
+            await self._start_server()
+        kubelet_id = _identity(self._kubelet_sock)
+        if kubelet_id is None:
+            if self._registered_with is not None:
+                log.warning("kubelet socket gone; waiting for the kubelet", extra=kv(socket=str(self._kubelet_sock)))
+            self._mark_unregistered()
+            self._note(f"kubelet socket {self._kubelet_sock} not present; waiting for the kubelet")
+            return
+        if kubelet_id != self._registered_with:
+            await self._register(kubelet_id)
+
+    async def _start_server(self) -> None:
+        await self._stop_server()
+        self._mark_unregistered()
+        with contextlib.suppress(FileNotFoundError):
+            self._socket.unlink()
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        try:
+            check_socket_path(self._socket)
+            server.add_insecure_port(f"unix://{self._socket}")
+            await server.start()
+        except Exception as exc:
+            self._note(f"cannot serve on {self._socket}: {exc}")
+            with contextlib.suppress(Exception):
+                await server.stop(None)
+            return
+        self._server = server
+        self._socket_id = _identity(self._socket)
+        # prove we answer before telling the kubelet about us
+        async with grpc.aio.insecure_channel(f"unix://{self._socket}") as channel:
+            await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=REGISTER_TIMEOUT_S)
+        log.info("serving device plugin", extra=kv(resource=self.policy.resource_name, socket=str(self._socket)))
+
+    async def _stop_server(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        await server.stop(grace=0.2)
+        if self._socket_id is not None and _identity(self._socket) == self._socket_id:
+            with contextlib.suppress(FileNotFoundError):
+                self._socket.unlink()
+        self._socket_id = None
+        self._mark_unregistered()
+
+    async def _register(self, kubelet_id: tuple[int, int]) -> None:
+        resource = self.policy.resource_name
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self._socket.name,
+            resource_name=resource,
+            options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+        )
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{self._kubelet_sock}") as channel:
+                await pb_grpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"register with kubelet failed ({exc.code().name}: {exc.details()}); retrying")
+            return
+        self._registered_with = kubelet_id
+        self._last_problem = ""
+        self.metrics.registrations.labels(resource).inc()
+        self.metrics.registered.labels(resource).set(1)
+        self.registered.set()
+        log.info("registered with kubelet", extra=kv(resource=resource, endpoint=self._socket.name,
+                                                     devices=len(self._devices)))
+
+    def _mark_unregistered(self) -> None:
+        self._registered_with = None
+        self.registered.clear()
+        self.metrics.registered.labels(self.policy.resource_name).set(0)
+
+    def _note(self, problem: str) -> None:
+        """Log a waiting condition once, not on every retry."""
+        if problem != self._last_problem:
+            log.info(problem, extra=kv(resource=self.policy.resource_name))
+            self._last_problem = problem

@@ -1,0 +1,2 @@
+"""Developer tools: the real Kubernetes control plane on loopback (``controlplane``), the ``accel-cluster``
+command (``cluster``) and the pinned upstream versions (``kubeversions``)."""

@@ -1,0 +1,122 @@
+"""Atomic CDI spec files: one transient spec per claim in the CDI root (``/var/run/cdi`` by default).
+
+Naming follows the CDI facts: kind ``<vendor>/<class>``, transient file ``<vendor>-<class>_<id>.json``, fully
+qualified device names ``<vendor>/<class>=<name>``. The declared ``cdiVersion`` is the minimum the edits need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from accel_core.atomic import atomic_write_text
+from accel_core.edits import ContainerEdits
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+
+
+class CdiError(Exception):
+    """A CDI spec could not be written or read; the message names the file."""
+
+
+def _edits_json(edits: ContainerEdits) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if edits.env:
+        out["env"] = [f"{k}={v}" for k, v in edits.env]
+    if edits.device_nodes:
+        nodes = []
+        for n in edits.device_nodes:
+            node: dict[str, Any] = {"path": n.path}
+            if n.host_path and n.host_path != n.path:
+                node["hostPath"] = n.host_path
+            if n.permissions:
+                node["permissions"] = n.permissions
+            if n.major is not None and n.minor is not None:
+                node.update(type="c", major=n.major, minor=n.minor)
+            nodes.append(node)
+        out["deviceNodes"] = nodes
+    if edits.mounts:
+        out["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
+                          "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]} for m in edits.mounts]
+    return out
+
+
+class CdiSpecWriter:
+    """Writes and removes per-claim transient CDI specs for one kind ``<vendor>/<cls>``."""
+
+    def __init__(self, root: Path, vendor: str, cls: str) -> None:
+        self.root = Path(root)
+        self.vendor = vendor
+        self.cls = cls
+
+    @property
+    def kind(self) -> str:
+        return f"{self.vendor}/{self.cls}"
+
+    def qualified(self, device_name: str) -> str:
+        return f"{self.kind}={device_name}"
+
+    def spec_path(self, spec_id: str) -> Path:
+        return self.root / f"{self.vendor}-{self.cls}_{spec_id.replace('/', '_')}.json"
+
+    def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
+              common: ContainerEdits | None = None) -> list[str]:
+        """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs."""
+        entries = []
+        ids = []
+        for name, edits in devices:
+            if not _NAME_RE.match(name):
+                raise CdiError(f"invalid CDI device name {name!r} for {self.spec_path(spec_id)}")
+            entries.append({"name": name, "containerEdits": _edits_json(edits)})
+            ids.append(self.qualified(name))
+        if not entries:
+            raise CdiError(f"CDI spec {self.spec_path(spec_id)} would have no devices")
+        spec: dict[str, Any] = {"cdiVersion": self._version(entries, common), "kind": self.kind, "devices": entries}
+        if common is not None:
+            spec["containerEdits"] = _edits_json(common)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.spec_path(spec_id), json.dumps(spec, indent=2) + "\n", mode=0o644)
+        except OSError as exc:
+            raise CdiError(f"cannot write CDI spec {self.spec_path(spec_id)}: {exc}") from exc
+        return ids
+
+    @staticmethod
+    def _version(entries: list[dict[str, Any]], common: ContainerEdits | None) -> str:
+        # hostPath on device nodes needs 0.5.0; nothing we write needs more.
+        return "0.5.0"
+
+    def read(self, spec_id: str) -> dict[str, Any] | None:
+        path = self.spec_path(spec_id)
+        try:
+            data: dict[str, Any] = json.loads(path.read_text())
+            return data
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise CdiError(f"unreadable CDI spec {path}: {exc}") from exc
+
+    def exists(self, spec_id: str) -> bool:
+        return self.spec_path(spec_id).is_file()
+
+    def remove(self, spec_id: str) -> bool:
+        """Remove the spec; True if it existed. Idempotent."""
+        try:
+            os.unlink(self.spec_path(spec_id))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def spec_ids(self) -> list[str]:
+        prefix = f"{self.vendor}-{self.cls}_"
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.root):
+                if entry.name.startswith(prefix) and entry.name.endswith(".json"):
+                    out.append(entry.name[len(prefix): -len(".json")])
+        return sorted(out)

@@ -1,0 +1,321 @@
+"""A generic DRA kubelet plugin: registration socket, DRA v1 and v1beta1 services, and the v1alpha1 health stream.
+
+- registration: ``<plugins_registry>/<driver>[-<podUID>]-reg.sock`` serves ``pluginregistration.Registration``;
+  GetInfo says type ``DRAPlugin``, the driver name, the absolute DRA endpoint, and the supported services newest
+  first (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, then ``v1alpha1.DRAResourceHealth`` when health is served);
+- DRA: both versions on ``<plugins>/<driver>/dra[-<podUID>].sock``; every claim gets an entry in the response map;
+  a claim failure goes in that claim's ``error``; calls are serialized (an asyncio lock, plus a file lock when a
+  pod UID is set, so two pods of a rolling update never prepare at once);
+- health: every message is the complete list; a new message is sent whenever the driver says health changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
+from accel_core.grpc_types import Ctx
+from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
+from accel_core.kubeletapi import dra_health_v1alpha1_pb2_grpc as hp_grpc
+from accel_core.kubeletapi import dra_v1_pb2 as d1
+from accel_core.kubeletapi import dra_v1_pb2_grpc as d1_grpc
+from accel_core.kubeletapi import dra_v1beta1_pb2 as d1b
+from accel_core.kubeletapi import dra_v1beta1_pb2_grpc as d1b_grpc
+from accel_core.kubeletapi import pluginregistration_v1_pb2 as rp
+from accel_core.kubeletapi import pluginregistration_v1_pb2_grpc as rp_grpc
+from accel_core.kubeletapi.constants import (
+    DRA_HEALTH_V1ALPHA1_SERVICE,
+    DRA_V1_SERVICE,
+    DRA_V1BETA1_SERVICE,
+    PLUGIN_TYPE_DRA,
+)
+from accel_core.logs import kv
+from accel_core.paths import HostPaths, check_socket_path
+
+log = logging.getLogger(__name__)
+
+HEALTH_MESSAGE_MAX = 1024
+
+
+class DraMetrics:
+    """Prepare/unprepare counts, errors and latency; labelled by driver."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        reg = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter("accel_dra_claim_operations_total", "Claims prepared or unprepared, by result",
+                                ["driver", "operation", "result"], registry=reg)
+        self.seconds = Histogram("accel_dra_claim_operation_duration_seconds", "Per-claim prepare/unprepare latency",
+                                 ["driver", "operation"], registry=reg,
+                                 buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30))
+        self.registered = Gauge("accel_dra_registered", "1 after the kubelet confirmed registration",
+                                ["driver"], registry=reg)
+
+
+def _truncate(message: str) -> str:
+    return message if len(message) <= HEALTH_MESSAGE_MAX else message[: HEALTH_MESSAGE_MAX - 3] + "..."
+
+
+class _FileLock:
+    """An exclusive flock on a file, held around one serialized operation."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class DraPlugin:
+    """Serves one DRA driver to the kubelet until stopped."""
+
+    def __init__(
+        self,
+        handler: DraHandler,
+        paths: HostPaths,
+        *,
+        pod_uid: str | None = None,
+        serve_health: bool = True,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.handler = handler
+        self.driver = handler.driver_name
+        suffix = f"-{pod_uid}" if pod_uid else ""
+        self.data_dir = paths.plugins_data_dir / self.driver
+        self.registration_socket = paths.plugins_registry_dir / f"{self.driver}{suffix}-reg.sock"
+        self.dra_socket = self.data_dir / (f"dra{suffix}.sock")
+        self.serve_health = serve_health
+        self.metrics = DraMetrics(registry)
+        self._lock = asyncio.Lock()
+        self._file_lock = _FileLock(self.data_dir / "serialize.lock") if pod_uid else None
+        self._health_version = 0
+        self._health_cond = asyncio.Condition()
+        self._servers: list[grpc.aio.Server] = []
+        self.registration_status: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
+
+    @property
+    def supported_versions(self) -> list[str]:
+        versions = [DRA_V1_SERVICE, DRA_V1BETA1_SERVICE]
+        if self.serve_health:
+            versions.append(DRA_HEALTH_V1ALPHA1_SERVICE)
+        return versions
+
+    # -- life cycle ----------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Serve the DRA endpoint first, then the registration socket (the kubelet dials in as soon as it sees it)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
+        dra = grpc.aio.server()
+        d1_grpc.add_DRAPluginServicer_to_server(_DraV1(self), dra)
+        d1b_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(self), dra)
+        if self.serve_health:
+            hp_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), dra)
+        await self._bind(dra, self.dra_socket)
+        reg = grpc.aio.server()
+        rp_grpc.add_RegistrationServicer_to_server(_Registration(self), reg)
+        await self._bind(reg, self.registration_socket)
+        log.info("DRA plugin serving", extra=kv(driver=self.driver, registration=str(self.registration_socket),
+                                                endpoint=str(self.dra_socket),
+                                                versions=",".join(self.supported_versions)))
+
+    async def _bind(self, server: grpc.aio.Server, path: Path) -> None:
+        check_socket_path(path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a stale socket from a crashed run of *this* pod (the name includes our pod UID)
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        self._servers.append(server)
+
+    async def stop(self) -> None:
+        """Stop serving and remove our own sockets (registration first, so the kubelet deregisters us)."""
+        for server in reversed(self._servers):
+            await server.stop(grace=0.5)
+        self._servers.clear()
+        for path in (self.registration_socket, self.dra_socket):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.metrics.registered.labels(self.driver).set(0)
+
+    def sockets_present(self) -> bool:
+        return self.registration_socket.exists() and self.dra_socket.exists()
+
+    # -- claims --------------------------------------------------------------------------------------------------
+    async def prepare_claims(self, claims: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
+        """Prepare claims one at a time; each UID maps to (devices, error)."""
+        return await self._serialized("prepare", claims, self.handler.prepare)
+
+    async def unprepare_claims(self, claims: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
+        async def one(claim: ClaimRef) -> list[PreparedDevice]:
+            await self.handler.unprepare(claim)
+            return []
+
+        return await self._serialized("unprepare", claims, one)
+
+    async def _serialized(
+        self, operation: str, claims: list[ClaimRef], fn: Callable[[ClaimRef], Any]
+    ) -> dict[str, tuple[list[PreparedDevice], str]]:
+        out: dict[str, tuple[list[PreparedDevice], str]] = {}
+        async with self._lock:
+            lock_ctx = self._file_lock.held() if self._file_lock else contextlib.nullcontext()
+            with lock_ctx:
+                for claim in claims:
+                    start = time.perf_counter()
+                    try:
+                        devices = await fn(claim)
+                        out[claim.uid] = (devices, "")
+                        result = "ok"
+                    except ClaimError as exc:
+                        out[claim.uid] = ([], f"{operation} claim {claim}: {exc}")
+                        result = "error"
+                    except Exception as exc:  # never fail the RPC for one claim's bug
+                        log.exception("unexpected error", extra=kv(driver=self.driver, claim=str(claim)))
+                        out[claim.uid] = ([], f"{operation} claim {claim}: internal error: {exc}")
+                        result = "error"
+                    elapsed = time.perf_counter() - start
+                    self.metrics.requests.labels(self.driver, operation, result).inc()
+                    self.metrics.seconds.labels(self.driver, operation).observe(elapsed)
+                    level = logging.INFO if result == "ok" else logging.WARNING
+                    log.log(level, f"{operation} {result}", extra=kv(
+                        driver=self.driver, claim=str(claim), devices=len(out[claim.uid][0]),
+                        seconds=round(elapsed, 4), error=out[claim.uid][1] or None))
+        return out
+
+    # -- health --------------------------------------------------------------------------------------------------
+    async def health_changed(self) -> None:
+        """Tell open health streams to send the full list again."""
+        async with self._health_cond:
+            self._health_version += 1
+            self._health_cond.notify_all()
+
+    async def health_updates(self) -> AsyncIterator[list[DeviceHealthReport]]:
+        seen = [-1]
+        while True:
+            async with self._health_cond:
+                await self._health_cond.wait_for(lambda: self._health_version != seen[0])
+                seen[0] = self._health_version
+            yield self.handler.health() or []
+
+
+Results = dict[str, tuple[list[PreparedDevice], str]]
+
+
+def _prepare_v1(result: Results) -> d1.NodePrepareResourcesResponse:
+    resp = d1.NodePrepareResourcesResponse()
+    for uid, (devices, error) in result.items():
+        entry = resp.claims[uid]
+        entry.error = error
+        for dev in devices:
+            out = entry.devices.add(request_names=list(dev.request_names), pool_name=dev.pool,
+                                    device_name=dev.device, cdi_device_ids=list(dev.cdi_device_ids))
+            if dev.share_id:
+                out.share_id = dev.share_id
+    return resp
+
+
+def _prepare_v1beta1(result: Results) -> d1b.NodePrepareResourcesResponse:
+    resp = d1b.NodePrepareResourcesResponse()
+    for uid, (devices, error) in result.items():
+        entry = resp.claims[uid]
+        entry.error = error
+        for dev in devices:
+            entry.devices.add(request_names=list(dev.request_names), pool_name=dev.pool,
+                              device_name=dev.device, cdi_device_ids=list(dev.cdi_device_ids))
+    return resp
+
+
+def _claims(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
+
+
+class _DraV1(d1_grpc.DRAPluginServicer):
+    def __init__(self, plugin: DraPlugin) -> None:
+        self._p = plugin
+
+    async def NodePrepareResources(  # noqa: N802
+        self, request: d1.NodePrepareResourcesRequest, context: Ctx
+    ) -> d1.NodePrepareResourcesResponse:
+        return _prepare_v1(await self._p.prepare_claims(_claims(request)))
+
+    async def NodeUnprepareResources(  # noqa: N802
+        self, request: d1.NodeUnprepareResourcesRequest, context: Ctx
+    ) -> d1.NodeUnprepareResourcesResponse:
+        result = await self._p.unprepare_claims(_claims(request))
+        resp = d1.NodeUnprepareResourcesResponse()
+        for uid, (_, error) in result.items():
+            resp.claims[uid].error = error
+        return resp
+
+
+class _DraV1beta1(d1b_grpc.DRAPluginServicer):
+    def __init__(self, plugin: DraPlugin) -> None:
+        self._p = plugin
+
+    async def NodePrepareResources(  # noqa: N802
+        self, request: d1b.NodePrepareResourcesRequest, context: Ctx
+    ) -> d1b.NodePrepareResourcesResponse:
+        return _prepare_v1beta1(await self._p.prepare_claims(_claims(request)))
+
+    async def NodeUnprepareResources(  # noqa: N802
+        self, request: d1b.NodeUnprepareResourcesRequest, context: Ctx
+    ) -> d1b.NodeUnprepareResourcesResponse:
+        result = await self._p.unprepare_claims(_claims(request))
+        resp = d1b.NodeUnprepareResourcesResponse()
+        for uid, (_, error) in result.items():
+            resp.claims[uid].error = error
+        return resp
+
+
+class _Health(hp_grpc.DRAResourceHealthServicer):
+    def __init__(self, plugin: DraPlugin) -> None:
+        self._p = plugin
+
+    async def NodeWatchResources(  # noqa: N802
+        self, request: hp.NodeWatchResourcesRequest, context: Ctx
+    ) -> AsyncIterator[hp.NodeWatchResourcesResponse]:
+        async for reports in self._p.health_updates():
+            now = int(time.time())
+            msg = hp.NodeWatchResourcesResponse()
+            for r in reports:
+                status = hp.HEALTHY if r.healthy else (hp.UNKNOWN if r.healthy is None else hp.UNHEALTHY)
+                msg.devices.add(device=hp.DeviceIdentifier(pool_name=r.pool, device_name=r.device), health=status,
+                                last_updated_time=now, health_check_timeout_seconds=r.timeout_seconds,
+                                message=_truncate(r.message))
+            yield msg
+
+
+class _Registration(rp_grpc.RegistrationServicer):
+    def __init__(self, plugin: DraPlugin) -> None:
+        self._p = plugin
+
+    async def GetInfo(self, request: rp.InfoRequest, context: Ctx) -> rp.PluginInfo:  # noqa: N802
+        return rp.PluginInfo(type=PLUGIN_TYPE_DRA, name=self._p.driver, endpoint=str(self._p.dra_socket),
+                             supported_versions=self._p.supported_versions)
+
+    async def NotifyRegistrationStatus(  # noqa: N802
+        self, request: rp.RegistrationStatus, context: Ctx
+    ) -> rp.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("kubelet registered the DRA plugin", extra=kv(driver=self._p.driver))
+            self._p.metrics.registered.labels(self._p.driver).set(1)
+        else:
+            log.error("kubelet REJECTED the DRA plugin registration; check the kubelet version and that DRA is on",
+                      extra=kv(driver=self._p.driver, error=request.error))
+            self._p.metrics.registered.labels(self._p.driver).set(0)
+        self._p.registration_status.put_nowait((request.plugin_registered, request.error))
+        return rp.RegistrationStatusResponse()

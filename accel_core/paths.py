@@ -1,0 +1,112 @@
+"""One place that resolves every host path a daemon touches.
+
+The host root is ``/`` on a node and a generated tree in fake-sysfs mode. The kubelet root and the CDI root are
+independent of it because inside a container they are host-path mounts at the same location as on the host.
+Flags win over environment variables, which win over defaults. The environment names are the ones the upstream
+charts use, so the same DaemonSet env works for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+
+ENV_HOST_ROOT = "HOST_ROOT"
+ENV_KUBELET_ROOT = "KUBELET_ROOT"
+ENV_CDI_ROOT = "CDI_ROOT"
+ENV_REGISTRAR_DIR = "KUBELET_REGISTRAR_DIRECTORY_PATH"
+ENV_PLUGINS_DIR = "KUBELET_PLUGINS_DIRECTORY_PATH"
+ENV_NODE_NAME = "NODE_NAME"
+ENV_POD_UID = "POD_UID"
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Resolved roots: where the host's files are, where the kubelet lives, where CDI specs go."""
+
+    host_root: Path = Path("/")
+    kubelet_root: Path = DEFAULT_KUBELET_ROOT
+    cdi_root: Path = DEFAULT_CDI_ROOT
+    registrar_dir: Path | None = None
+    plugins_dir: Path | None = None
+
+    def host(self, path: str | Path) -> Path:
+        """Map an absolute host path (``/sys/class/...``) under the host root."""
+        return self.host_root / str(path).lstrip("/")
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        return self.kubelet_root / "device-plugins"
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.device_plugins_dir / "kubelet.sock"
+
+    @property
+    def plugins_registry_dir(self) -> Path:
+        return self.registrar_dir or self.kubelet_root / "plugins_registry"
+
+    @property
+    def plugins_data_dir(self) -> Path:
+        return self.plugins_dir or self.kubelet_root / "plugins"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    def describe(self) -> dict[str, str]:
+        """Key/value view for a start-up log line."""
+        return {
+            "host_root": str(self.host_root),
+            "kubelet_root": str(self.kubelet_root),
+            "cdi_root": str(self.cdi_root),
+            "plugins_registry": str(self.plugins_registry_dir),
+            "plugins": str(self.plugins_data_dir),
+        }
+
+
+def add_path_flags(parser: argparse.ArgumentParser) -> None:
+    """Add --host-root, --kubelet-root, --cdi-root, --registrar-dir and --plugins-dir to a parser."""
+    g = parser.add_argument_group("paths")
+    g.add_argument("--host-root", help=f"root of the host's files, '/' on a node (env {ENV_HOST_ROOT})")
+    g.add_argument("--kubelet-root", help=f"kubelet --root-dir (env {ENV_KUBELET_ROOT}; default /var/lib/kubelet)")
+    g.add_argument("--cdi-root", help=f"directory for CDI specs (env {ENV_CDI_ROOT}; default /var/run/cdi)")
+    g.add_argument("--registrar-dir", help=f"kubelet plugin registration directory (env {ENV_REGISTRAR_DIR})")
+    g.add_argument("--plugins-dir", help=f"kubelet plugins data directory (env {ENV_PLUGINS_DIR})")
+
+
+def resolve_paths(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> HostPaths:
+    """Build HostPaths from parsed flags (if any) and the environment."""
+    env = os.environ if env is None else env
+
+    def pick(flag: str, env_name: str) -> str | None:
+        value = getattr(args, flag, None) if args is not None else None
+        return value or env.get(env_name) or None
+
+    host_root = pick("host_root", ENV_HOST_ROOT) or "/"
+    kubelet_root = pick("kubelet_root", ENV_KUBELET_ROOT) or str(DEFAULT_KUBELET_ROOT)
+    cdi_root = pick("cdi_root", ENV_CDI_ROOT) or str(DEFAULT_CDI_ROOT)
+    registrar = pick("registrar_dir", ENV_REGISTRAR_DIR)
+    plugins = pick("plugins_dir", ENV_PLUGINS_DIR)
+    return HostPaths(
+        host_root=Path(host_root),
+        kubelet_root=Path(kubelet_root),
+        cdi_root=Path(cdi_root),
+        registrar_dir=Path(registrar) if registrar else None,
+        plugins_dir=Path(plugins) if plugins else None,
+    )
+
+
+UNIX_PATH_MAX = 107
+
+
+def check_socket_path(path: Path) -> None:
+    """Raise a clear error when a unix socket path is longer than the kernel allows."""
+    if len(str(path).encode()) > UNIX_PATH_MAX:
+        raise ValueError(f"socket path {path} is {len(str(path).encode())} bytes; unix sockets allow {UNIX_PATH_MAX}")
