@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build and cache the real Kubernetes control-plane parts the tests and the demo run:
-# kube-apiserver, kube-scheduler, kube-controller-manager (k8s.io/kubernetes), an etcd
+# kube-apiserver, kube-scheduler, kube-controller-manager and kubectl (k8s.io/kubernetes), an etcd
 # server (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3), all from the Go module proxy.
 #
 # Usage: scripts/build-kube.sh [--print-dir]
@@ -16,7 +16,7 @@ GO_MIN=1.26
 CACHE=${ACCEL_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/aws-accel-agents/kube}
 ROOT="$CACHE/${KUBE_VERSION}-etcd${ETCD_VERSION}-helm${HELM_VERSION}"
 BIN="$ROOT/bin"
-WANTED=(kube-apiserver kube-scheduler kube-controller-manager etcd helm)
+WANTED=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd helm)
 
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 
@@ -59,14 +59,15 @@ build_kube() {
     # point each at its published tag instead.
     sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
   } >"$mod/go.mod"
-  local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager)
+  local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
+              k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
   echo "build-kube: resolving k8s.io/kubernetes $KUBE_VERSION modules"
   (cd "$mod" && run "go get k8s.io/kubernetes@$KUBE_VERSION" "$ROOT/log/kube-get.log" go get "${pkgs[@]}")
   local X=""
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     X+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
-  echo "build-kube: building kube-apiserver, kube-scheduler, kube-controller-manager (slow the first time)"
+  echo "build-kube: building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl (slow the first time)"
   (cd "$mod" && run "go build k8s.io/kubernetes $KUBE_VERSION" "$ROOT/log/kube-build.log" \
     go build -trimpath -ldflags "-s -w$X" -o "$BIN/" "${pkgs[@]}")
 }
@@ -105,6 +106,7 @@ build_helm() {
 start=$(date +%s)
 [[ -x "$BIN/etcd" ]] || build_etcd
 [[ -x "$BIN/helm" ]] || build_helm
-[[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-scheduler" && -x "$BIN/kube-controller-manager" ]] || build_kube
+[[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-scheduler" && -x "$BIN/kube-controller-manager" && -x "$BIN/kubectl" ]] \
+  || build_kube
 have_all || die "build finished but binaries are missing in $BIN"
 echo "build-kube: done in $(( $(date +%s) - start ))s; binaries in $BIN"

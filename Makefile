@@ -1,0 +1,43 @@
+# Two entry points that work on a fresh machine:
+#   make demo   - set up, then run every daemon on a fake p5/trn2 node against the kubelet stand-in
+#   make test   - set up, build the real Kubernetes parts (cached), lint, type-check and run all tests
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test lint typecheck unit protos kube bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+kube:
+	scripts/build-kube.sh
+
+demo: setup
+	$(BIN)/accel-demo
+
+lint: setup
+	$(BIN)/ruff check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+protos: setup
+	$(BIN)/python scripts/gen_protos.py
+
+unit: setup
+	$(BIN)/pytest tests/unit tests/component
+
+test: setup kube lint typecheck
+	$(BIN)/pytest
+
+bench: setup kube
+	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,26 @@
+"""Flags every daemon shares: paths, logging, metrics."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from accel_core.logs import setup_logging
+from accel_core.paths import HostPaths, add_path_flags, resolve_paths
+
+
+def add_common_flags(parser: argparse.ArgumentParser, *, metrics_port: int) -> None:
+    """Paths (see accel_core.paths), --log-level, --log-format, --metrics-port (env METRICS_PORT; 0 disables)."""
+    add_path_flags(parser)
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+    parser.add_argument("--log-format", default=os.environ.get("LOG_FORMAT", "kv"), choices=["kv", "json"])
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", metrics_port)),
+                        help=f"Prometheus /metrics port (env METRICS_PORT; default {metrics_port}; 0 disables)")
+    parser.add_argument("--metrics-address", default=os.environ.get("METRICS_ADDRESS", "0.0.0.0"))
+
+
+def setup_from_args(args: argparse.Namespace) -> HostPaths:
+    """Configure logging and resolve paths from parsed common flags."""
+    setup_logging(args.log_level, args.log_format)
+    return resolve_paths(args)
