@@ -1,0 +1,184 @@
+"""Fixtures for end-to-end tests against the real Kubernetes control plane on 127.0.0.1.
+
+- ``kube_binaries`` (session): the binaries directory.
+- ``control_plane`` (session): etcd + kube-apiserver + kube-scheduler + kube-controller-manager.
+- ``kube_client`` (session): a lightkube ``Client`` with the admin kubeconfig.
+- ``namespace``: a fresh namespace whose ``default`` ServiceAccount exists (so Pods are admitted).
+- ``fake_node``: factory for Nodes that look Ready with cpu/memory/pods capacity (no kubelet behind them).
+- ``kube_cleanup``: register objects to delete after the test.
+- ``wait`` and ``new_name``: the ``wait_until`` and ``unique_name`` helpers below.
+
+The binaries are built once by ``scripts/build-kube.sh`` if they are missing (before the first test, so
+the per-test timeout does not apply to the long first build). When a test fails, the tail of each
+component's log is added to its report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import subprocess
+import time
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.core.resource import GlobalResource, NamespacedResource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
+
+from accel_core.devtools.controlplane import ControlPlane
+from accel_core.devtools.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
+
+_ACTIVE: list[ControlPlane] = []
+_NAMES = itertools.count(1)
+BUILD_TIMEOUT_S = 3 * 3600
+
+
+def _uses_control_plane(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    return "control_plane" in names or "kube_binaries" in names
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Build the binaries before the first test that needs them, if they are not cached yet."""
+    if not any(_uses_control_plane(i) for i in items):
+        return
+    bin_dir = kube_bin_dir()
+    if not missing_binaries(bin_dir):
+        return
+    if os.environ.get("ACCEL_KUBE_BIN"):
+        raise pytest.UsageError(
+            f"ACCEL_KUBE_BIN={bin_dir} lacks {', '.join(missing_binaries(bin_dir))}; unset it to build them"
+        )
+    root = kube_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    capman = config.pluginmanager.getplugin("capturemanager")
+    show = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+    with (root / ".build.lock").open("w") as lock, show:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same thing
+        if not missing_binaries(bin_dir):
+            return
+        print(f"\n[e2e] building the Kubernetes binaries with {build_script()} (10-20 minutes the first time)")
+        try:
+            res = subprocess.run(["bash", str(build_script())], timeout=BUILD_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise pytest.UsageError(f"{build_script()} did not finish within {BUILD_TIMEOUT_S}s") from e
+        if res.returncode != 0 or missing_binaries(bin_dir):
+            raise pytest.UsageError(f"{build_script()} failed (exit {res.returncode}); see its output above")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if report.failed and _ACTIVE and _uses_control_plane(item):
+        report.sections.append(("control-plane logs (tail)", _ACTIVE[-1].logs_tail(25)))
+    return report
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.3) -> Any:
+    """Poll ``check`` until it returns something truthy (returned); fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except ApiError as e:
+            last_error, value = e, None
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
+
+
+@pytest.fixture(scope="session")
+def kube_binaries() -> Path:
+    """The directory with the built binaries (built before the first test if missing)."""
+    return kube_bin_dir()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("control-plane"), startup_timeout=180.0)
+    _ACTIVE.append(cp)
+    try:
+        cp.start()
+        yield cp
+    finally:
+        cp.stop()
+        _ACTIVE.remove(cp)
+
+
+@pytest.fixture(scope="session")
+def kube_client(control_plane: ControlPlane) -> Iterator[Client]:
+    client = Client(KubeConfig.from_file(control_plane.admin_kubeconfig), field_manager="accel-e2e")
+    yield client
+    client.close()
+
+
+def unique_name(prefix: str) -> str:
+    """A DNS-label name unique within this test session."""
+    return f"{prefix}-{os.getpid() % 10000}-{next(_NAMES)}"
+
+
+@pytest.fixture
+def kube_cleanup(kube_client: Client) -> Iterator[list[GlobalResource | NamespacedResource]]:
+    """Append created objects; they are deleted (in reverse order) after the test."""
+    created: list[GlobalResource | NamespacedResource] = []
+    yield created
+    for obj in reversed(created):
+        meta: ObjectMeta = getattr(obj, "metadata")  # noqa: B009 - the resource base classes do not declare it
+        assert meta.name is not None
+        with contextlib.suppress(ApiError):
+            if isinstance(obj, NamespacedResource):
+                kube_client.delete(type(obj), meta.name, namespace=meta.namespace)
+            else:
+                kube_client.delete(type(obj), meta.name)
+
+
+@pytest.fixture
+def namespace(kube_client: Client) -> Iterator[str]:
+    """A new namespace with its ``default`` ServiceAccount in place; deleted after the test."""
+    name = unique_name("e2e")
+    kube_client.create(Namespace(metadata=ObjectMeta(name=name)))
+    wait_until(
+        lambda: kube_client.get(ServiceAccount, "default", namespace=name),
+        f"the default ServiceAccount in {name} (made by kube-controller-manager)",
+    )
+    yield name
+    with contextlib.suppress(ApiError):
+        kube_client.delete(Namespace, name)
+
+
+@pytest.fixture
+def fake_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[Callable[..., str]]:
+    """Factory: ``fake_node(name=None, cpu=..., memory=..., pods=..., labels=...)`` -> node name.
+    The Nodes are deleted after the test."""
+    made: list[str] = []
+
+    def make(name: str | None = None, **kwargs: Any) -> str:
+        node_name = name or unique_name("fake-node")
+        control_plane.create_fake_node(node_name, **kwargs)
+        made.append(node_name)
+        return node_name
+
+    yield make
+    for node_name in made:
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Node, node_name)
+
+
+@pytest.fixture
+def wait() -> Callable[..., Any]:
+    """``wait(check, what, timeout=60)``: see ``wait_until``."""
+    return wait_until
+
+
+@pytest.fixture
+def new_name() -> Callable[[str], str]:
+    """``new_name(prefix)``: see ``unique_name``."""
+    return unique_name
