@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from prometheus_client import disable_created_metrics
+
 from accel_core.logs import setup_logging
 from accel_core.paths import HostPaths, add_path_flags, resolve_paths
 
@@ -23,4 +25,5 @@ def add_common_flags(parser: argparse.ArgumentParser, *, metrics_port: int) -> N
 def setup_from_args(args: argparse.Namespace) -> HostPaths:
     """Configure logging and resolve paths from parsed common flags."""
     setup_logging(args.log_level, args.log_format)
+    disable_created_metrics()  # no *_created series: they double every counter for no operator value
     return resolve_paths(args)

@@ -1,0 +1,188 @@
+"""``accel-demo``: every daemon on fake nodes, driven by the kubelet stand-in, printing what an operator checks.
+
+The daemons run as real subprocesses (their console scripts) against fake-sysfs trees; the kubelet side is the
+small KUBELET STAND-IN from ``accel_core.devtools.kubelet_standin`` (not the kubelet). Nothing here imports driver
+code: the demo sees the daemons only through sockets, metrics and CLI output, as a node would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.fakehost import build_host
+
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _title(text: str) -> None:
+    print(f"\n=== {text} " + "=" * max(0, 100 - len(text)), flush=True)
+
+
+def _run(*args: str) -> str:
+    return subprocess.run([str(BIN / args[0]), *args[1:]], check=True, capture_output=True, text=True).stdout
+
+
+@contextlib.asynccontextmanager
+async def daemon(*args: str, log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """Start a console-script daemon; SIGTERM it at the end and report its exit code."""
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        print(f"  {args[0]} stopped on SIGTERM, exit code {code} (log: {log})")
+
+
+def _scrape(port: int, prefixes: tuple[str, ...], limit: int = 8) -> list[str]:
+    for _ in range(50):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        return ["(metrics endpoint did not answer)"]
+    lines = [ln for ln in text.splitlines() if ln.startswith(prefixes) and "_created" not in ln]
+    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
+async def efa_section(work: Path) -> None:
+    _title("EFA device plugin on a fake p5.48xlarge (32 EFA, 4 per GPU PCIe root)")
+    host = build_host(work / "p5-host", "p5.48xlarge")
+    table = _run("efa-device-plugin", "ls", "--host-root", str(host.root)).rstrip().splitlines()
+    print("\n".join(table[:10] + [f"... ({len(table) - 10} more lines)"]))
+    kubelet = KubeletStandIn(work / "p5-kubelet")
+    await kubelet.start()
+    port = _free_port()
+    resource = "vpc.amazonaws.com/efa"
+    async with daemon("efa-device-plugin", "serve", "--host-root", str(host.root), "--kubelet-root", str(kubelet.root),
+                      "--metrics-port", str(port), "--metrics-address", "127.0.0.1", log=work / "efa.log"):
+        start = time.perf_counter()
+        await kubelet.wait_registered(resource, timeout=20)
+        devs = await kubelet.wait_devices(resource, lambda d: len(d) == 32)
+        print(f"\n  registered {resource} in {time.perf_counter() - start:.2f}s; ListAndWatch: {len(devs)} devices, "
+              f"{sum(d.health == 'Healthy' for d in devs)} Healthy; first: {devs[0].ID} NUMA "
+              f"{[n.ID for n in devs[0].topology.nodes]}")
+        ids = [d.ID for d in devs]
+        pick = await kubelet.preferred(resource, ids, [], 8)
+        print(f"  GetPreferredAllocation(size=8): {pick}")
+        resp = await kubelet.allocate(resource, pick[:4])
+        specs = [(s.host_path, s.permissions) for s in resp.container_responses[0].devices]
+        print(f"  Allocate(4) -> DeviceSpecs {specs}")
+        ibdev = host.efa_ibdevs[0]
+        host.set_port_state(ibdev, "DOWN")
+        t0 = time.perf_counter()
+        await kubelet.wait_devices(resource, lambda d: sum(x.health != "Healthy" for x in d) == 1)
+        ms = 1000 * (time.perf_counter() - t0)
+        print(f"  port of {ibdev} set DOWN -> Unhealthy in ListAndWatch after {ms:.0f} ms")
+        host.set_port_state(ibdev, "ACTIVE")
+        t0 = time.perf_counter()
+        await kubelet.wait_devices(resource, lambda d: all(x.health == "Healthy" for x in d))
+        print(f"  port back ACTIVE -> Healthy again after {1000 * (time.perf_counter() - t0):.0f} ms")
+        await kubelet.restart()
+        t0 = time.perf_counter()
+        await kubelet.wait_registered(resource, count=2, timeout=10)
+        ms = 1000 * (time.perf_counter() - t0)
+        print(f"  kubelet restart (all sockets deleted) -> re-registered after {ms:.0f} ms")
+        print("  metrics sample:")
+        for line in _scrape(port, ("efa_",)):
+            print(f"    {line}")
+    await kubelet.stop()
+
+
+async def neuron_section(work: Path) -> None:
+    _title("Neuron device plugin on a fake trn2.48xlarge (16 devices x 8 cores, 4x4 torus, LNC 2)")
+    host = build_host(work / "trn2-host", "trn2.48xlarge")
+    print(_run("neuron-device-plugin", "ls", "--host-root", str(host.root)).rstrip()[:2500])
+    kubelet = KubeletStandIn(work / "trn2-kubelet")
+    await kubelet.start(pod_resources=True)
+    port = _free_port()
+    async with daemon("neuron-device-plugin", "serve", "--host-root", str(host.root), "--kubelet-root",
+                      str(kubelet.root), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+                      log=work / "neuron.log"):
+        chips = await kubelet.wait_devices("aws.amazon.com/neuron", lambda d: len(d) == 16, timeout=20)
+        cores = await kubelet.wait_devices("aws.amazon.com/neuroncore", lambda d: len(d) == 64, timeout=20)
+        print(f"\n  allocatable: aws.amazon.com/neuron={len(chips)}  aws.amazon.com/neuroncore={len(cores)}")
+        pick = await kubelet.preferred("aws.amazon.com/neuron", [d.ID for d in chips], [], 4)
+        print(f"  GetPreferredAllocation(neuron, size=4): {pick}  (one torus row)")
+        resp = await kubelet.allocate("aws.amazon.com/neuron", pick)
+        c = resp.container_responses[0]
+        print(f"  Allocate -> devices {[s.host_path for s in c.devices]} env {dict(c.envs)}")
+        core_pick = await kubelet.preferred("aws.amazon.com/neuroncore", [d.ID for d in cores], [], 6)
+        resp = await kubelet.allocate("aws.amazon.com/neuroncore", core_pick)
+        c = resp.container_responses[0]
+        print(f"  neuroncore x6 -> cores {core_pick} devices {[s.host_path for s in c.devices]} env {dict(c.envs)}")
+        blocked = await kubelet.wait_devices("aws.amazon.com/neuroncore",
+                                             lambda d: sum(x.health != "Healthy" for x in d) >= 16, timeout=5)
+        print(f"  no double counting: {sum(x.health != 'Healthy' for x in blocked)} neuroncore IDs of the 4 chips "
+              "handed out are now Unhealthy")
+        print("  metrics sample:")
+        for line in _scrape(port, ("neuron",)):
+            print(f"    {line}")
+    await kubelet.stop()
+
+
+def dra_section(work: Path) -> None:
+    _title("Neuron DRA driver: the ResourceSlices it publishes for a fake trn2.48xlarge node")
+    host = build_host(work / "trn2-dra-host", "trn2.48xlarge")
+    slices = json.loads(_run("neuron-dra-driver", "slices", "--host-root", str(host.root), "--node-name",
+                             "trn2-node-1", "--output", "json"))
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    print(f"  {len(slices)} ResourceSlice(s), driver {slices[0]['spec']['driver']}, pool "
+          f"{slices[0]['spec']['pool']['name']}, {len(devices)} devices")
+    print("  device 5:")
+    print("    " + json.dumps(devices[5], indent=2).replace("\n", "\n    "))
+
+
+async def main_async(work: Path) -> None:
+    await efa_section(work)
+    await neuron_section(work)
+    dra_section(work)
+    _title("done")
+    print("  tests against the real kube-apiserver/scheduler/controller-manager: make test (tests/e2e)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accel-demo", description=__doc__)
+    parser.add_argument("--workdir", help="keep fake hosts and logs here (default: a temp dir, removed at exit)")
+    args = parser.parse_args(argv)
+    if args.workdir:
+        work = Path(args.workdir)
+        work.mkdir(parents=True, exist_ok=True)
+        asyncio.run(main_async(work))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="accel-demo-", dir="/tmp") as tmp:
+        os.chmod(tmp, 0o755)
+        asyncio.run(main_async(Path(tmp)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
