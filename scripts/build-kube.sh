@@ -32,6 +32,11 @@ ver_ge "$gov" "$GO_MIN" || die "Go $gov is too old; Go >= $GO_MIN is needed for 
 export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
 mkdir -p "$BIN" "$ROOT/log"
 
+# One build at a time per cache (parallel test sessions may call this together); re-check after waiting.
+exec 9>"$ROOT/.build.lock"
+flock 9
+if have_all; then echo "kube binaries cached in $BIN"; exit 0; fi
+
 # run LABEL LOG cmd...: run quietly; on failure show what matters, not pages.
 run() {
   local label=$1 log=$2; shift 2
