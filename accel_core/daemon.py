@@ -18,9 +18,13 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            log.info("stopping", extra=kv(daemon=name, signal=sig.name))
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda s=sig: (log.info("stopping", extra=kv(daemon=name, signal=s.name)),
-                                                       stop.set()))
+            loop.add_signal_handler(sig, on_signal, sig)
         await main(stop)
 
     try:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -38,11 +39,23 @@ API_VERSION = "v1beta1"
 REGISTER_TIMEOUT_S = 5.0
 
 
+_METRICS_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, DevicePluginMetrics] = weakref.WeakKeyDictionary()
+
+
+def metrics_for(registry: CollectorRegistry | None) -> DevicePluginMetrics:
+    """One metrics set per registry, shared by every server of a daemon (they differ by the resource label)."""
+    if registry is None:
+        return DevicePluginMetrics(CollectorRegistry())
+    found = _METRICS_BY_REGISTRY.get(registry)
+    if found is None:
+        found = _METRICS_BY_REGISTRY[registry] = DevicePluginMetrics(registry)
+    return found
+
+
 class DevicePluginMetrics:
     """Server-level metrics, labelled by resource."""
 
-    def __init__(self, registry: CollectorRegistry | None) -> None:
-        reg = registry if registry is not None else CollectorRegistry()
+    def __init__(self, reg: CollectorRegistry) -> None:
         self.registered = Gauge("accel_device_plugin_registered", "1 while registered with the kubelet",
                                 ["resource"], registry=reg)
         self.registrations = Counter("accel_device_plugin_registrations_total",
@@ -145,7 +158,7 @@ class DevicePluginServer:
         retry_interval: float = 1.0,
     ) -> None:
         self.policy = policy
-        self.metrics = DevicePluginMetrics(registry)
+        self.metrics = metrics_for(registry)
         self._dir = paths.device_plugins_dir
         self._socket = self._dir / policy.socket_name
         self._kubelet_sock = paths.kubelet_socket
