@@ -1,0 +1,7 @@
+"""AWS Neuron on Kubernetes: host discovery and topology (shared), the Neuron device plugin and the DRA driver.
+
+- :mod:`neuron_dra.discovery` reads ``/sys/class/neuron_device``, ``/dev/neuronN``, DMI and the LNC file into a
+  frozen :class:`~neuron_dra.discovery.NeuronInventory`;
+- :mod:`neuron_dra.topology` turns ``connected_devices`` into a ring, chain or 4x4 torus with connected groups;
+- :mod:`neuron_dra.deviceplugin` serves ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore``.
+"""

@@ -1,0 +1,78 @@
+"""``neuron-device-plugin``: ``serve`` (the kubelet device plugin) and ``ls`` (what it would advertise)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from accel_core.cli import add_common_flags, setup_from_args
+from accel_core.daemon import run_daemon
+from accel_core.logs import setup_logging
+from accel_core.paths import add_path_flags, resolve_paths
+from neuron_dra.deviceplugin import guard
+from neuron_dra.deviceplugin.daemon import ServeOptions, serve
+from neuron_dra.deviceplugin.listing import inventory_report, inventory_table
+from neuron_dra.discovery import discover
+
+METRICS_PORT = 9811
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neuron-device-plugin",
+                                     description="Kubernetes device plugin for AWS Neuron devices and NeuronCores")
+    sub = parser.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser("serve", help="serve aws.amazon.com/neuron and aws.amazon.com/neuroncore to the kubelet")
+    add_common_flags(srv, metrics_port=METRICS_PORT)
+    srv.add_argument("--rescan-interval", type=float, default=_float_env("RESCAN_INTERVAL", 0.5),
+                     help="seconds between host rescans (health counters; env RESCAN_INTERVAL; default 0.5)")
+    srv.add_argument("--pod-resources-interval", type=float, default=_float_env("POD_RESOURCES_INTERVAL", 2.0),
+                     help="seconds between PodResources List calls (env POD_RESOURCES_INTERVAL; default 2)")
+    srv.add_argument("--allocation-grace", type=float, default=_float_env("ALLOCATION_GRACE", 30.0),
+                     help="seconds an Allocate stays in use without PodResources confirming it (default 30)")
+    srv.add_argument("--core-numbering", choices=["container", "host"],
+                     default=os.environ.get("NEURON_CORE_NUMBERING", "container"),
+                     help="NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+, default) or host")
+    ls = sub.add_parser("ls", help="print the Neuron devices and the resource counts the plugin would advertise")
+    add_path_flags(ls)
+    ls.add_argument("--output", "-o", choices=["table", "json"], default="table")
+    ls.add_argument("--log-level", default="WARNING", type=str.upper,
+                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "ls":
+        setup_logging(args.log_level, "kv")
+        paths = resolve_paths(args)
+        inv = discover(paths)
+        blocked = guard.blocked_reason(paths)
+        if args.output == "json":
+            print(json.dumps(inventory_report(inv, blocked), indent=2))
+        else:
+            print(inventory_table(inv, blocked))
+        return 0
+    paths = setup_from_args(args)
+    options = ServeOptions(
+        rescan_interval=max(0.05, args.rescan_interval),
+        pod_resources_interval=max(0.05, args.pod_resources_interval),
+        allocation_grace=max(0.0, args.allocation_grace),
+        core_numbering=args.core_numbering,
+        metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address,
+    )
+    return run_daemon(lambda stop: serve(paths, options, stop), "neuron-device-plugin")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

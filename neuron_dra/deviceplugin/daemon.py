@@ -1,0 +1,98 @@
+"""``neuron-device-plugin serve``: two kubelet registrations, one host watcher, a PodResources poller, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from accel_core.deviceplugin import DevicePluginPolicy, DevicePluginServer
+from accel_core.deviceplugin.runner import serve_device_plugins
+from accel_core.logs import kv
+from accel_core.metrics import CallbackCollector, serve_metrics
+from accel_core.paths import HostPaths
+from neuron_dra.deviceplugin.edits import CoreNumbering
+from neuron_dra.deviceplugin.metrics import NeuronMetrics
+from neuron_dra.deviceplugin.node import NeuronNode
+from neuron_dra.deviceplugin.podresources import PodResourcesPoller
+from neuron_dra.deviceplugin.policy import NeuronCorePolicy, NeuronDevicePolicy, PolicyMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    rescan_interval: float = 0.5
+    pod_resources_interval: float = 2.0
+    allocation_grace: float = 30.0
+    core_numbering: CoreNumbering = "container"
+    metrics_port: int = 0
+    metrics_address: str = "0.0.0.0"
+    retry_interval: float = 1.0
+
+
+class Refresher:
+    """Re-sends both device lists soon after usage changes (callable from synchronous policy code).
+
+    Calls that arrive while a refresh runs are folded into one more pass, so a burst of Allocates costs at most
+    two refreshes.
+    """
+
+    def __init__(self, servers: list[DevicePluginServer]) -> None:
+        self._servers = servers
+        self._task: asyncio.Task[None] | None = None
+        self._again = False
+
+    def __call__(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        while True:
+            self._again = False
+            for server in self._servers:
+                await server.refresh()
+            if not self._again:
+                return
+
+
+async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
+                registry: CollectorRegistry | None = None, node: NeuronNode | None = None) -> None:
+    """Serve ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore`` until ``stop`` is set.
+
+    ``node`` may be passed in to inspect the shared state (tests, benchmarks).
+    """
+    registry = registry if registry is not None else CollectorRegistry()
+    if node is None:
+        node = NeuronNode(paths, numbering=options.core_numbering, grace=options.allocation_grace)
+    node.rediscover()
+    shared = PolicyMetrics(registry)
+    policies: list[DevicePluginPolicy] = [NeuronDevicePolicy(node, shared), NeuronCorePolicy(node, shared)]
+    servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
+               for policy in policies]
+    refresh = Refresher(servers)
+    node.on_change = refresh
+    poller = PodResourcesPoller(paths.pod_resources_socket, node.usage, refresh,
+                                interval=options.pod_resources_interval, registry=registry)
+    registry.register(CallbackCollector(NeuronMetrics(node).produce))
+    http = serve_metrics(registry, options.metrics_port, options.metrics_address)
+    log.info("neuron device plugin starting", extra=kv(**paths.describe(), core_numbering=options.core_numbering,
+                                                       rescan_s=options.rescan_interval))
+    # learn what pods already hold before advertising anything (closes the window after a plugin restart)
+    try:
+        await poller.poll_once()
+    except Exception:  # never fatal: the poller keeps trying
+        log.exception("first PodResources List failed")
+    poll_task = asyncio.create_task(poller.run(stop))
+    try:
+        await serve_device_plugins(servers, node.rediscover, node.watch_paths, stop,
+                                   rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",))
+    finally:
+        stop.set()
+        await poll_task
+        if http is not None:
+            http.shutdown()

@@ -1,0 +1,145 @@
+"""State both registrations share: the inventory, device health, IDs in use, the coexistence guard.
+
+ID scheme (what the kubelet, PodResources and CloudWatch Container Insights see):
+``aws.amazon.com/neuron`` ID = device index (``"3"``); ``aws.amazon.com/neuroncore`` ID = global logical core
+index = device index * logical cores per device + local core (``"13"`` is device 3, core 1 at 4 per device).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from accel_core.logs import kv
+from accel_core.paths import HostPaths
+from neuron_dra import discovery
+from neuron_dra.deviceplugin import guard
+from neuron_dra.deviceplugin.edits import CoreNumbering
+from neuron_dra.deviceplugin.health import HealthTracker
+from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
+from neuron_dra.discovery import NeuronInventory
+from neuron_dra.topology import Topology
+
+log = logging.getLogger(__name__)
+
+EMPTY_INVENTORY = NeuronInventory("", (), None, False, None, Topology("none", 0), ())
+
+
+class NeuronNode:
+    """One node's Neuron state; ``rediscover`` re-reads the host, the policies read the rest."""
+
+    def __init__(
+        self,
+        paths: HostPaths,
+        *,
+        numbering: CoreNumbering = "container",
+        grace: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        full_rescan_interval: float = 10.0,
+    ) -> None:
+        self.paths = paths
+        self.numbering: CoreNumbering = numbering
+        self.health = HealthTracker()
+        self.usage = UsageTracker(grace=grace, clock=clock)
+        self.inventory = EMPTY_INVENTORY
+        self.on_change: Callable[[], None] | None = None
+        self._seen: set[int] = set()
+        self._logged_problems: frozenset[str] = frozenset()
+        self._blocked: str | None = None
+        self._first = True
+        self._clock = clock
+        self._full_every = full_rescan_interval
+        self._last_full = float("-inf")
+
+    # -- host ----------------------------------------------------------------------------------------------------
+    def rediscover(self) -> None:
+        """Re-read the host (never raises for bad host files); logs new problems and health changes.
+
+        Between full scans (every ``full_rescan_interval`` s) only presence and ECC counters are re-read, which
+        keeps the frequent health rescans short; any change in presence forces a full scan at once.
+        """
+        now = self._clock()
+        if not self._first and now - self._last_full < self._full_every:
+            quick = discovery.refresh_state(self.paths, self.inventory)
+            if quick is not None:
+                self.health.update(quick)
+                self.inventory = quick
+                return
+        self._last_full = now
+        inv = discovery.discover(self.paths, known=self._seen)
+        self._seen.update(d.index for d in inv.devices)
+        problems = frozenset(inv.all_problems())
+        for problem in sorted(problems - self._logged_problems):
+            log.warning("host problem", extra=kv(problem=problem))
+        for problem in sorted(self._logged_problems - problems):
+            log.info("host problem resolved", extra=kv(problem=problem))
+        self._logged_problems = problems
+        self.health.update(inv)
+        if self._first or (len(inv.devices), inv.lnc, inv.topology.kind) != (
+                len(self.inventory.devices), self.inventory.lnc, self.inventory.topology.kind):
+            if inv.devices:
+                log.info("neuron devices", extra=kv(instance_type=inv.instance_type or "unknown",
+                                                    devices=len(inv.devices), cores=inv.total_logical_cores(),
+                                                    lnc=inv.lnc if inv.lnc_applies else "n/a",
+                                                    topology=inv.topology.kind, driver=inv.driver_version))
+            else:
+                log.info("no Neuron devices on this node; advertising nothing and watching for devices",
+                         extra=kv(instance_type=inv.instance_type or "unknown",
+                                  class_dir=str(self.paths.host(discovery.CLASS_DIR))))
+        self._first = False
+        self.inventory = inv
+
+    def watch_paths(self) -> list[Path]:
+        """Host paths whose changes should trigger a rescan (inotify; the periodic rescan covers sysfs counters)."""
+        host = self.paths.host
+        out = [host(discovery.CLASS_DIR), host(discovery.LNC_FILE), self.paths.plugins_registry_dir]
+        for dev in self.inventory.devices:
+            out.append(host(dev.dev_node))
+            out.append(host(f"{discovery.CLASS_DIR}/neuron{dev.index}/stats/hardware"))
+        return out
+
+    def blocked(self) -> str | None:
+        reason = guard.blocked_reason(self.paths)
+        if reason != self._blocked:
+            if reason:
+                log.warning("advertising nothing", extra=kv(reason=reason))
+            elif self._blocked:
+                log.info("Neuron DRA driver registration gone; advertising devices again")
+            self._blocked = reason
+        return reason
+
+    # -- IDs -----------------------------------------------------------------------------------------------------
+    @property
+    def cores_per_device(self) -> int:
+        return self.inventory.logical_cores_per_device()
+
+    def core_ids(self, device: int) -> range:
+        per = self.cores_per_device
+        return range(device * per, (device + 1) * per)
+
+    def device_of_core(self, core: int) -> int:
+        return core // self.cores_per_device if self.cores_per_device else -1
+
+    # -- usage across the two resources --------------------------------------------------------------------------
+    def devices_used_by_cores(self) -> dict[int, list[int]]:
+        """Device -> its cores in use through ``aws.amazon.com/neuroncore``."""
+        out: dict[int, list[int]] = {}
+        for cid in self.usage.in_use(NEURONCORE):
+            if cid.isdigit():
+                out.setdefault(self.device_of_core(int(cid)), []).append(int(cid))
+        return {d: sorted(c) for d, c in out.items()}
+
+    def devices_used_whole(self) -> set[int]:
+        """Devices in use through ``aws.amazon.com/neuron``."""
+        return {int(i) for i in self.usage.in_use(NEURON) if i.isdigit()}
+
+    def conflicts(self) -> set[int]:
+        """Devices both resources hold at once (should never happen; reported by metrics and logs)."""
+        return self.devices_used_whole() & set(self.devices_used_by_cores())
+
+    def notify(self) -> None:
+        """Tell the daemon that usage changed (it re-sends both device lists)."""
+        if self.on_change is not None:
+            self.on_change()

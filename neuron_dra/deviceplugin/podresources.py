@@ -1,0 +1,109 @@
+"""Poll the kubelet's PodResources v1 ``List`` for the Neuron IDs every container holds.
+
+The socket is ``<kubelet-root>/pod-resources/kubelet.sock``. Each successful List replaces the listed in-use sets
+of the :class:`~neuron_dra.deviceplugin.usage.UsageTracker`; a failed one keeps what is known (see usage.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+
+from accel_core.kubeletapi import podresources_v1_pb2 as pr
+from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
+from accel_core.logs import kv
+from neuron_dra.deviceplugin.usage import RESOURCES, UsageTracker
+
+log = logging.getLogger(__name__)
+
+LIST_TIMEOUT_S = 5.0
+
+
+def in_use_from(response: pr.ListPodResourcesResponse) -> dict[str, set[str]]:
+    """Resource -> IDs held by any container (regular and init containers alike)."""
+    out: dict[str, set[str]] = {r: set() for r in RESOURCES}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for dev in container.devices:
+                if dev.resource_name in out:
+                    out[dev.resource_name].update(dev.device_ids)
+    return out
+
+
+class PodResourcesPoller:
+    """Calls List every ``interval`` seconds (and on :meth:`kick`) and feeds the tracker."""
+
+    def __init__(
+        self,
+        socket: Path,
+        usage: UsageTracker,
+        on_change: Callable[[], None],
+        *,
+        interval: float = 2.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self._socket = socket
+        self._usage = usage
+        self._on_change = on_change
+        self._interval = interval
+        self._kick = asyncio.Event()
+        self._last_error = ""
+        reg = registry if registry is not None else CollectorRegistry()
+        self._calls = Counter("neuron_device_plugin_pod_resources_list_total",
+                              "PodResources List calls by result", ["result"], registry=reg)
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    async def poll_once(self) -> bool:
+        """One List; returns True when it succeeded."""
+        if not self._socket.exists():
+            self._fail(f"PodResources socket {self._socket} not present")
+            return False
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{self._socket}") as channel:
+                resp = await pr_grpc.PodResourcesListerStub(channel).List(pr.ListPodResourcesRequest(),
+                                                                         timeout=LIST_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            self._fail(f"PodResources List failed ({exc.code().name}: {exc.details()})")
+            return False
+        self._calls.labels("ok").inc()
+        if self._last_error:
+            log.info("PodResources List works again", extra=kv(socket=str(self._socket)))
+            self._last_error = ""
+        if self._usage.apply_list(in_use_from(resp)):
+            self._on_change()
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        stop_task = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                try:
+                    await self.poll_once()
+                except Exception:  # never let a bad response end the poller
+                    log.exception("PodResources poll failed")
+                kick = asyncio.create_task(self._kick.wait())
+                sleep = asyncio.create_task(asyncio.sleep(self._interval))
+                await asyncio.wait({kick, sleep, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                for task in (kick, sleep):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                self._kick.clear()
+        finally:
+            stop_task.cancel()
+
+    def _fail(self, message: str) -> None:
+        self._calls.labels("error").inc()
+        self._usage.list_failed()
+        if message != self._last_error:
+            log.warning(message + "; keeping allocations recorded from Allocate until it answers",
+                        extra=kv(socket=str(self._socket)))
+            self._last_error = message
