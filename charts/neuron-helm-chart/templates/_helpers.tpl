@@ -1,0 +1,144 @@
+{{/* Shared helpers. Object names are fixed (the AWS documents refer to them by name), not release-derived. */}}
+
+{{- define "neuron.chart" -}}
+{{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "neuron.labels" -}}
+helm.sh/chart: {{ include "neuron.chart" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: neuron-helm-chart
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
+{{/* Pod selector labels (immutable once installed: change them only with a new DaemonSet name). */}}
+{{- define "neuron.devicePlugin.selectorLabels" -}}
+name: neuron-device-plugin-ds
+{{- end }}
+
+{{- define "neuron.draDriver.selectorLabels" -}}
+app.kubernetes.io/name: neuron-dra-driver
+app.kubernetes.io/component: kubelet-plugin
+{{- end }}
+
+{{- define "neuron.npd.selectorLabels" -}}
+app.kubernetes.io/name: neuron-node-problem-detector
+{{- end }}
+
+{{/* Namespace of a component: its `namespace` value, else the release namespace.
+     Call with (dict "component" .Values.X "root" $). */}}
+{{- define "neuron.namespace" -}}
+{{ .component.namespace | default .root.Release.Namespace }}
+{{- end }}
+
+{{/* Whether the chart creates a component's namespace: "true" or "". */}}
+{{- define "neuron.createsNamespace" -}}
+{{- $c := .component -}}
+{{- $ns := include "neuron.namespace" . -}}
+{{- $builtin := list "default" "kube-system" "kube-public" "kube-node-lease" -}}
+{{- if and $c.enabled $c.createNamespace (ne $ns .root.Release.Namespace) (not (has $ns $builtin)) -}}
+true
+{{- end -}}
+{{- end }}
+
+{{/* The daemons' image; the digest wins over the tag. */}}
+{{- define "neuron.image" -}}
+{{- $img := .Values.image -}}
+{{- if $img.digest -}}
+{{ $img.repository }}@{{ $img.digest }}
+{{- else -}}
+{{ $img.repository }}:{{ $img.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end }}
+
+{{- define "neuron.npd.image" -}}
+{{- $img := .Values.npd.image -}}
+{{- if $img.digest -}}
+{{ $img.repository }}@{{ $img.digest }}
+{{- else -}}
+{{ $img.repository }}:{{ $img.tag }}
+{{- end -}}
+{{- end }}
+
+{{/* The kubelet root without a trailing slash. */}}
+{{- define "neuron.kubeletRoot" -}}
+{{ trimSuffix "/" .Values.kubeletRootDir }}
+{{- end }}
+
+{{/* Pod affinity: the component's own `affinity` if set, else a required node affinity built from nodeSelection.
+     Terms are ORed, so a node qualifies by instance type OR by label; each term also excludes compute types.
+     Call with (dict "component" .Values.X "root" $). */}}
+{{- define "neuron.affinity" -}}
+{{- if .component.affinity -}}
+{{ toYaml .component.affinity }}
+{{- else -}}
+{{- $sel := .root.Values.nodeSelection -}}
+{{- $common := list (dict "key" "kubernetes.io/os" "operator" "In" "values" (list "linux")) -}}
+{{- if $sel.excludeComputeTypes -}}
+{{- $common = append $common (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $sel.excludeComputeTypes) -}}
+{{- end -}}
+{{- $terms := list -}}
+{{- if $sel.allNodes -}}
+{{- $terms = append $terms (dict "matchExpressions" $common) -}}
+{{- else -}}
+{{- if $sel.instanceTypes -}}
+{{- $byType := dict "key" "node.kubernetes.io/instance-type" "operator" "In" "values" $sel.instanceTypes -}}
+{{- $terms = append $terms (dict "matchExpressions" (concat (list $byType) $common)) -}}
+{{- end -}}
+{{- range $sel.nodeLabels -}}
+{{- $byLabel := dict "key" .key "operator" "Exists" -}}
+{{- if .values -}}
+{{- $byLabel = dict "key" .key "operator" "In" "values" .values -}}
+{{- end -}}
+{{- $terms = append $terms (dict "matchExpressions" (concat (list $byLabel) $common)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $terms -}}
+{{- fail "nodeSelection selects no node: give nodeSelection.instanceTypes, nodeSelection.nodeLabels, or nodeSelection.allNodes=true" -}}
+{{- end -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      {{- toYaml $terms | nindent 6 }}
+{{- end -}}
+{{- end }}
+
+{{/* Environment every daemon of this image reads. Call with (dict "component" .Values.X "root" $). */}}
+{{- define "neuron.daemonEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: KUBELET_ROOT
+  value: {{ include "neuron.kubeletRoot" .root | quote }}
+- name: LOG_LEVEL
+  value: {{ .root.Values.logLevel | quote }}
+- name: LOG_FORMAT
+  value: {{ .root.Values.logFormat | quote }}
+- name: METRICS_PORT
+  value: {{ ternary .component.metrics.port 0 .component.metrics.enabled | quote }}
+{{- end }}
+
+{{/* A headless metrics Service selecting a component's pods.
+     Call with (dict "name" N "namespace" NS "selector" SELECTOR-YAML "port" P "root" $). */}}
+{{- define "neuron.metricsService" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ .name }}
+  namespace: {{ .namespace }}
+  labels:
+    {{- include "neuron.labels" .root | nindent 4 }}
+    {{- .selector | nindent 4 }}
+spec:
+  clusterIP: None
+  selector:
+    {{- .selector | nindent 4 }}
+  ports:
+    - name: metrics
+      port: {{ .port }}
+      targetPort: metrics
+      protocol: TCP
+{{- end }}

@@ -1,0 +1,338 @@
+"""Install the charts on the real control plane with the commands of the AWS documents.
+
+Every object must be accepted, the DaemonSets must place pods on the nodes their selection names (kube-scheduler
+binds them; no kubelet runs them), and the Neuron DRA driver's ServiceAccount, holding a token bound to its own Pod,
+may write the ResourceSlices of that Pod's node and no other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_render import (
+    EFA_CHART,
+    NEURON_CHART,
+    NEURON_OCI,
+    SEED_DEVICE_PLUGIN_INSTALL,
+    SEED_DRA_INSTALL,
+)
+from lightkube import ApiError, Client, KubeConfig, codecs
+from lightkube.core.resource import GlobalResource, NamespacedResource
+from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+
+from accel_core.devtools.controlplane import ControlPlane
+
+Wait = Callable[..., Any]
+FakeNode = Callable[..., str]
+
+DRA_NS = "neuron-dra-driver"
+DRA_SA = "neuron-dra-driver-sa"
+NPD_NS = "neuron-healthcheck-system"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+OWN_NODE_ONLY = "may only write ResourceSlices of its own node"
+
+KINDS: dict[str, type[GlobalResource] | type[NamespacedResource]] = {
+    "DaemonSet": DaemonSet,
+    "ServiceAccount": ServiceAccount,
+    "Service": Service,
+    "ConfigMap": ConfigMap,
+    "Namespace": Namespace,
+    "ClusterRole": ClusterRole,
+    "ClusterRoleBinding": ClusterRoleBinding,
+    "DeviceClass": DeviceClass,
+    "ValidatingAdmissionPolicy": ValidatingAdmissionPolicy,
+    "ValidatingAdmissionPolicyBinding": ValidatingAdmissionPolicyBinding,
+}
+
+
+class Helm:
+    """helm against the test control plane as admin, with private helm home directories."""
+
+    def __init__(self, control_plane: ControlPlane, home: Path) -> None:
+        self.binary = control_plane.helm
+        self.kubeconfig = str(control_plane.admin_kubeconfig)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_") and k != "KUBECONFIG"}
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            self.env[var] = str(home / var.lower())
+
+    def __call__(self, *args: str) -> str:
+        proc = subprocess.run(
+            [str(self.binary), *args, "--kubeconfig", self.kubeconfig],
+            env=self.env, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+        return proc.stdout
+
+    def seed(self, command: str, chart: Path) -> str:
+        """Run a documented ``helm ...`` line, the local chart standing in for the OCI reference."""
+        argv = shlex.split(command.replace("\\\n", " "))
+        assert argv[0] == "helm" and NEURON_OCI in argv, argv
+        return self(*[str(chart) if a == NEURON_OCI else a for a in argv[1:]])
+
+    def manifest(self, release: str, namespace: str) -> list[dict[str, Any]]:
+        out = self("get", "manifest", release, "--namespace", namespace)
+        return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture
+def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
+    return Helm(control_plane, tmp_path)
+
+
+def as_dict(obj: Any) -> Any:
+    return obj.to_dict()
+
+
+def assert_all_present(kube_client: Client, docs: list[dict[str, Any]]) -> None:
+    """Every object of a release exists in the API server as rendered (kind, name, namespace)."""
+    assert docs
+    for doc in docs:
+        kind, meta = doc["kind"], doc["metadata"]
+        resource: Any = KINDS[kind]
+        got: Any = kube_client.get(resource, meta["name"], namespace=meta.get("namespace"))
+        assert as_dict(got)["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", (kind, meta["name"])
+
+
+def daemonset_pods(kube_client: Client, namespace: str, labels: Mapping[str, str]) -> dict[str, str]:
+    """node name -> pod name for the DaemonSet's pods (the node the DaemonSet controller created each pod for)."""
+    out: dict[str, str] = {}
+    for pod in kube_client.list(Pod, namespace=namespace, labels=dict(labels)):
+        pod_dict = as_dict(pod)
+        if pod_dict["metadata"].get("deletionTimestamp"):
+            continue  # left over from an uninstall: no kubelet confirms the end of pods on fake nodes
+        spec = pod_dict["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        target = next(f["values"][0] for t in terms for f in t.get("matchFields", []) if f["key"] == "metadata.name")
+        out[target] = pod_dict["metadata"]["name"]
+    return out
+
+
+def slice_for(node: str, driver: str = "neuron.aws.com") -> Any:
+    return codecs.from_dict(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{node}-{driver}-"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "neuron-device-0", "attributes": {"index": {"int": 0}}}],
+            },
+        }
+    )
+
+
+@contextlib.contextmanager
+def uninstalled_after(helm: Helm, release: str, namespace: str) -> Iterator[None]:
+    """``helm uninstall`` the release afterwards; its failure fails the test unless the test failed already."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(AssertionError):
+            helm("uninstall", release, "--namespace", namespace)
+        raise
+    helm("uninstall", release, "--namespace", namespace)
+
+
+def absent(kube_client: Client, resource: Any, name: str) -> bool:
+    try:
+        kube_client.get(resource, name)
+    except ApiError as e:
+        return e.status.code == 404
+    return False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_seed_dra_install_and_slices_limited_to_own_node(
+    control_plane: ControlPlane, kube_client: Client, helm: Helm, fake_node: FakeNode, wait: Wait
+) -> None:
+    node_a = fake_node(labels={INSTANCE_TYPE: "trn2.48xlarge"})
+    node_b = fake_node(labels={INSTANCE_TYPE: "trn2.48xlarge"})
+    other = fake_node(labels={INSTANCE_TYPE: "m5.large"})
+    admin_slices: list[str] = []
+    try:
+        with uninstalled_after(helm, "neuron-helm-chart", DRA_NS):
+            notes = helm.seed(SEED_DRA_INSTALL, NEURON_CHART)
+            # The install prints the guide's verification commands.
+            assert "kubectl get ds -n neuron-dra-driver neuron-dra-driver-kubelet-plugin" in notes
+            assert "kubectl get deviceclass neuron.aws.com" in notes
+            docs = helm.manifest("neuron-helm-chart", DRA_NS)
+            assert {d["kind"] for d in docs} == {
+                "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "DaemonSet", "DeviceClass",
+                "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+            }  # fmt: skip
+            assert_all_present(kube_client, docs)
+            # What the guide's kubectl commands look at.
+            kube_client.get(DaemonSet, "neuron-dra-driver-kubelet-plugin", namespace=DRA_NS)
+            kube_client.get(DeviceClass, "neuron.aws.com")
+
+            selector = {"app.kubernetes.io/name": "neuron-dra-driver"}
+            pods = wait(
+                lambda: (p := daemonset_pods(kube_client, DRA_NS, selector)) and {node_a, node_b} <= p.keys() and p,
+                "the DaemonSet controller to create driver pods on both Neuron nodes",
+            )
+            assert other not in pods
+            pod_a = pods[node_a]
+            wait(
+                lambda: as_dict(kube_client.get(Pod, pod_a, namespace=DRA_NS))["spec"].get("nodeName") == node_a,
+                f"kube-scheduler to bind {pod_a} to {node_a}",
+            )
+            # The driver's credentials: a token bound to its own pod, so it names node A.
+            token = control_plane.mint_token(DRA_NS, DRA_SA, bound_pod=pod_a)
+            with Client(KubeConfig.from_file(control_plane.kubeconfig_for_token(token))) as driver:
+                check_slice_writes(kube_client, driver, node_a, node_b, admin_slices, wait)
+                check_rbac(driver, node_a)
+        for resource, name in [(DeviceClass, "neuron.aws.com"), (ClusterRole, "neuron-dra-driver"),
+                               (ValidatingAdmissionPolicy, "neuron-dra-driver-resourceslices")]:  # fmt: skip
+            assert absent(kube_client, resource, name), f"helm uninstall left {name}"
+    finally:
+        for name in admin_slices:
+            with contextlib.suppress(ApiError):
+                kube_client.delete(ResourceSlice, name)
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Namespace, DRA_NS)
+
+
+def refusal(action: Callable[[], object]) -> str:
+    """Run an API call that must be refused by admission; return the API server's message."""
+    with pytest.raises(ApiError) as err:
+        action()
+    assert err.value.status.code in (403, 422), err.value.status.message
+    return err.value.status.message or ""
+
+
+def check_slice_writes(
+    admin: Client, driver: Client, node_a: str, node_b: str, admin_slices: list[str], wait: Wait
+) -> None:
+    # The policy takes effect once the API server has loaded it; until then RBAC alone would let this through.
+    def refused_on_b() -> str | None:
+        try:
+            created: Any = driver.create(slice_for(node_b))
+        except ApiError as e:
+            return e.status.message if e.status.code in (403, 422) else None
+        admin.delete(ResourceSlice, created.metadata.name)
+        return None
+
+    message = wait(refused_on_b, "the ValidatingAdmissionPolicy to refuse a slice of another node")
+    assert OWN_NODE_ONLY in message and f"node '{node_b}'" in message
+
+    own: Any = driver.create(slice_for(node_a))
+    name = own.metadata.name
+    own.metadata.labels = {"updated": "yes"}
+    updated: Any = driver.replace(own)
+    assert updated.metadata.labels == {"updated": "yes"}
+    driver.delete(ResourceSlice, name)
+
+    message = refusal(lambda: driver.create(slice_for(node_a, driver="other.example.com")))
+    assert "only write ResourceSlices of driver neuron.aws.com" in message
+
+    theirs: Any = admin.create(slice_for(node_b))
+    admin_slices.append(theirs.metadata.name)
+    assert "may only change ResourceSlices of its own node" in refusal(
+        lambda: driver.delete(ResourceSlice, theirs.metadata.name)
+    )
+    theirs_read: Any = driver.get(ResourceSlice, theirs.metadata.name)  # reading is fine
+    theirs_read.metadata.labels = {"taken": "yes"}
+    message = refusal(lambda: driver.replace(theirs_read))
+    assert "of its own node" in message and f"node '{node_b}'" in message
+
+
+def check_rbac(driver: Client, node_a: str) -> None:
+    """What the driver may do besides slices: read claims and its Node; nothing else."""
+    list(driver.list(ResourceSlice, fields={"spec.nodeName": node_a}))
+    assert as_dict(driver.get(Node, node_a))["metadata"]["name"] == node_a
+    list(driver.list(ResourceClaim, namespace="*"))
+    refused: list[Callable[[], object]] = [
+        lambda: list(driver.list(Secret, namespace=DRA_NS)),
+        lambda: list(driver.list(Pod, namespace="*")),
+        lambda: driver.get(DeviceClass, "neuron.aws.com"),
+        lambda: driver.delete(DaemonSet, "neuron-dra-driver-kubelet-plugin", namespace=DRA_NS),
+    ]
+    for action in refused:
+        with pytest.raises(ApiError) as err:
+            action()
+        assert err.value.status.code == 403
+
+
+def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fake_node: FakeNode, wait: Wait) -> None:
+    trn = fake_node(labels={INSTANCE_TYPE: "trn1.32xlarge"})
+    labelled = fake_node(labels={INSTANCE_TYPE: "trn9.48xlarge", "aws.amazon.com/neuron.present": "true"})
+    plain = fake_node(labels={INSTANCE_TYPE: "m5.large"})
+    with uninstalled_after(helm, "neuron-helm-chart", "default"):
+        # No --namespace in the guide: the release lands in "default", the DaemonSet in kube-system.
+        notes = helm.seed(SEED_DEVICE_PLUGIN_INSTALL, NEURON_CHART)
+        assert "kubectl get ds -n kube-system neuron-device-plugin" in notes
+        docs = helm.manifest("neuron-helm-chart", "default")
+        assert {(d["kind"], d["metadata"]["name"]) for d in docs} == {
+            ("ServiceAccount", "neuron-device-plugin"),
+            ("Service", "neuron-device-plugin-metrics"),
+            ("DaemonSet", "neuron-device-plugin"),
+        }
+        assert_all_present(kube_client, docs)
+        kube_client.get(DaemonSet, "neuron-device-plugin", namespace="kube-system")
+        selector = {"name": "neuron-device-plugin-ds"}
+        pods = wait(
+            lambda: (p := daemonset_pods(kube_client, "kube-system", selector)) and {trn, labelled} <= p.keys() and p,
+            "device plugin pods on the listed type and on the labelled node",
+        )
+        assert plain not in pods
+
+        # Turning node problem detection on (the chart's default) creates its namespace and objects.
+        helm("upgrade", "neuron-helm-chart", str(NEURON_CHART), "--namespace", "default", "--reuse-values",
+             "--set", "npd.enabled=true")  # fmt: skip
+        docs = helm.manifest("neuron-helm-chart", "default")
+        assert ("Namespace", NPD_NS) in {(d["kind"], d["metadata"]["name"]) for d in docs}
+        assert_all_present(kube_client, docs)
+        config = as_dict(kube_client.get(ConfigMap, "neuron-node-problem-detector-config", namespace=NPD_NS))
+        assert "NEURON_HW_ERR=DMA_ERROR" in config["data"]["neuron-kernel-monitor.json"]
+        npd_pods = wait(
+            lambda: (p := daemonset_pods(kube_client, NPD_NS,
+                                         {"app.kubernetes.io/name": "neuron-node-problem-detector"}))
+            and trn in p and p,
+            "node-problem-detector pods on the Neuron nodes",
+        )  # fmt: skip
+        assert plain not in npd_pods
+    # (Its pods stay Terminating: no kubelet confirms their end. The node deletion lets the pod GC remove them.)
+    assert "neuron-device-plugin" not in {
+        as_dict(d)["metadata"]["name"] for d in kube_client.list(DaemonSet, namespace="kube-system")
+    }
+
+
+def test_efa_install_selects_pods_by_the_documented_label(
+    kube_client: Client, helm: Helm, fake_node: FakeNode, wait: Wait
+) -> None:
+    p5 = fake_node(labels={INSTANCE_TYPE: "p5.48xlarge"})
+    labelled = fake_node(labels={INSTANCE_TYPE: "p9.48xlarge", "vpc.amazonaws.com/efa.present": "true"})
+    plain = fake_node(labels={INSTANCE_TYPE: "c5.large"})
+    auto = fake_node(labels={INSTANCE_TYPE: "p5.48xlarge", "eks.amazonaws.com/compute-type": "auto"})
+    with uninstalled_after(helm, "aws-efa-k8s-device-plugin", "kube-system"):
+        helm("upgrade", "--install", "aws-efa-k8s-device-plugin", str(EFA_CHART), "--namespace", "kube-system")
+        docs = helm.manifest("aws-efa-k8s-device-plugin", "kube-system")
+        assert_all_present(kube_client, docs)
+        # kubectl get daemonsets -n kube-system / kubectl get pods -n kube-system -l name=aws-efa-k8s-device-plugin
+        ds = kube_client.get(DaemonSet, "aws-efa-k8s-device-plugin-daemonset", namespace="kube-system")
+        assert as_dict(ds)["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+        pods = wait(
+            lambda: (
+                (p := daemonset_pods(kube_client, "kube-system", {"name": "aws-efa-k8s-device-plugin"}))
+                and {p5, labelled} <= p.keys()
+                and p
+            ),
+            "EFA plugin pods on the p5 node and on the labelled node",
+        )
+        assert plain not in pods and auto not in pods

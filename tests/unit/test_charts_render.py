@@ -1,0 +1,614 @@
+"""Render tests for charts/neuron-helm-chart and charts/aws-efa-k8s-device-plugin.
+
+``helm template`` and ``helm lint --strict`` run on the exact command lines of the AWS documents (seeds) and on every
+component toggle; the assertions are on the parsed objects.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart_render import (
+    EFA_CHART,
+    NEURON_CHART,
+    SEED_DEVICE_PLUGIN_INSTALL,
+    SEED_DRA_INSTALL,
+    Rendered,
+    RenderError,
+    container,
+    env_of,
+    find_or_build_helm,
+    mounts_of,
+    node_matches,
+    node_terms,
+    parse,
+    run_helm,
+    seed_as_template,
+    template,
+)
+
+from accel_core.fakehost import catalog
+
+DRA_DS = "neuron-dra-driver-kubelet-plugin"
+DP_DS = "neuron-device-plugin"
+NPD_DS = "node-problem-detector"
+EFA_DS = "aws-efa-k8s-device-plugin-daemonset"
+NAMESPACED = {"DaemonSet", "ServiceAccount", "Service", "ConfigMap", "ServiceMonitor"}
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return find_or_build_helm()
+
+
+@pytest.fixture(scope="session")
+def seed_dra(helm: Path) -> Rendered:
+    return parse(run_helm(helm, seed_as_template(SEED_DRA_INSTALL, NEURON_CHART)))
+
+
+@pytest.fixture(scope="session")
+def seed_device_plugin(helm: Path) -> Rendered:
+    return parse(run_helm(helm, seed_as_template(SEED_DEVICE_PLUGIN_INSTALL, NEURON_CHART)))
+
+
+@pytest.fixture(scope="session")
+def neuron_defaults(helm: Path) -> Rendered:
+    return template(helm, NEURON_CHART)
+
+
+@pytest.fixture(scope="session")
+def efa_defaults(helm: Path) -> Rendered:
+    return template(helm, EFA_CHART, release="aws-efa-k8s-device-plugin")
+
+
+def assert_namespaced(rendered: Rendered) -> None:
+    """Every namespaced object names its namespace (the chart places objects outside the release namespace)."""
+    for doc in rendered:
+        if doc["kind"] in NAMESPACED:
+            assert doc["metadata"].get("namespace"), f"{doc['kind']} {doc['metadata']['name']} has no namespace"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Neuron chart: the seed's DRA install
+
+
+def test_seed_dra_install_gives_the_documented_objects(seed_dra: Rendered) -> None:
+    assert seed_dra.names("DaemonSet") == {DRA_DS}
+    ds = seed_dra.get("DaemonSet", DRA_DS)
+    assert ds["metadata"]["namespace"] == "neuron-dra-driver"
+    dc = seed_dra.get("DeviceClass", "neuron.aws.com")
+    assert dc["apiVersion"] == "resource.k8s.io/v1"
+    assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "neuron.aws.com"'}}]
+    # --create-namespace made the namespace; the chart must not template it a second time.
+    assert seed_dra.all("Namespace") == []
+    assert not {"ConfigMap"} & set(seed_dra.kinds()), "npd.enabled=false still rendered the NPD config"
+    assert_namespaced(seed_dra)
+
+
+def test_seed_dra_install_pod_spec(seed_dra: Rendered) -> None:
+    ds = seed_dra.get("DaemonSet", DRA_DS)
+    pod = ds["spec"]["template"]["spec"]
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert pod["serviceAccountName"] == "neuron-dra-driver-sa"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostNetwork"] is False  # surge pods share the node: host ports would collide
+    c = container(ds)
+    assert c["command"] == ["neuron-dra-driver", "serve"]
+    env = env_of(c)
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["CDI_ROOT"] == "/var/run/cdi"
+    assert env["KUBELET_ROOT"] == "/var/lib/kubelet"
+    assert env["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
+    assert env["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
+    assert env["HEALTHCHECK_PORT"] == "51515"
+    assert env["METRICS_PORT"] == "9812"
+    probe = c["livenessProbe"]
+    assert probe["grpc"] == {"port": 51515, "service": "liveness"}
+    assert (probe["initialDelaySeconds"], probe["periodSeconds"], probe["timeoutSeconds"]) == (30, 10, 5)
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"healthz": 51515, "metrics": 9812}
+
+
+def test_seed_dra_install_mounts(seed_dra: Rendered) -> None:
+    ds = seed_dra.get("DaemonSet", DRA_DS)
+    mounts = mounts_of(ds)
+    rw = {"host": None, "type": "Directory", "readOnly": False}
+    # Sockets must have the same path inside and outside the container: the kubelet dials the advertised path.
+    assert mounts["/var/lib/kubelet/plugins_registry"] == {**rw, "host": "/var/lib/kubelet/plugins_registry"}
+    assert mounts["/var/lib/kubelet/plugins"] == {**rw, "host": "/var/lib/kubelet/plugins"}
+    assert mounts["/var/run/cdi"] == {"host": "/var/run/cdi", "type": "DirectoryOrCreate", "readOnly": False}
+    assert mounts["/var/lib/kubelet/device-plugins"]["readOnly"] is True  # the coexistence guard only looks
+    assert mounts["/opt/aws"] == {"host": "/opt/aws", "type": "DirectoryOrCreate", "readOnly": True}
+    assert mounts["/dev"] == {"host": "/dev", "type": "Directory", "readOnly": True}
+    # A read-only /dev cannot take the default /dev/termination-log mount point.
+    assert not container(ds)["terminationMessagePath"].startswith("/dev/")
+
+
+def test_seed_dra_install_security_context(seed_dra: Rendered) -> None:
+    sc = container(seed_dra.get("DaemonSet", DRA_DS))["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_seed_dra_install_rbac_is_least_privilege(seed_dra: Rendered) -> None:
+    sa = seed_dra.get("ServiceAccount", "neuron-dra-driver-sa")
+    assert sa["metadata"]["namespace"] == "neuron-dra-driver"
+    role = seed_dra.get("ClusterRole", "neuron-dra-driver")
+    granted = {
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(r["verbs"])
+        for r in role["rules"]
+    }
+    assert granted == {
+        (("resource.k8s.io",), ("resourceclaims",), ()): {"get", "list", "watch"},
+        (("resource.k8s.io",), ("resourceclaims/status",), ()): {"update"},
+        (("resource.k8s.io",), ("resourceclaims/driver",), ("neuron.aws.com",)): {
+            "associated-node:update",
+            "associated-node:patch",
+        },
+        (("",), ("nodes",), ()): {"get"},
+        (("resource.k8s.io",), ("resourceslices",), ()): {
+            "get", "list", "watch", "create", "update", "patch", "delete", "deletecollection",
+        },
+    }  # fmt: skip
+    binding = seed_dra.get("ClusterRoleBinding", "neuron-dra-driver")
+    assert binding["roleRef"]["name"] == "neuron-dra-driver"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "neuron-dra-driver-sa", "namespace": "neuron-dra-driver"}
+    ]
+
+
+def test_seed_dra_install_admission_policy_limits_slices_to_own_node(seed_dra: Rendered) -> None:
+    vap = seed_dra.get("ValidatingAdmissionPolicy", "neuron-dra-driver-resourceslices")
+    spec = vap["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceslices"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    (cond,) = spec["matchConditions"]
+    assert cond["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:neuron-dra-driver:neuron-dra-driver-sa"'
+    )
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "authentication.kubernetes.io/node-name" in variables["driverNode"]
+    assert "object.spec.?nodeName" in variables["newNode"]
+    assert "oldObject.spec.?nodeName" in variables["oldNode"]
+    checks = [v["expression"] for v in spec["validations"]]
+    assert "variables.driverNode != ''" in checks
+    assert "variables.sliceDriver == 'neuron.aws.com'" in checks
+    assert any("variables.newNode == variables.driverNode" in c for c in checks)
+    assert any("variables.oldNode == variables.driverNode" in c for c in checks)
+    binding = seed_dra.get("ValidatingAdmissionPolicyBinding", "neuron-dra-driver-resourceslices")
+    assert binding["spec"] == {"policyName": "neuron-dra-driver-resourceslices", "validationActions": ["Deny"]}
+
+
+def test_dra_driver_in_another_release_namespace_gets_its_own_namespace(helm: Path) -> None:
+    r = template(helm, NEURON_CHART, "--namespace", "default", "--set", "devicePlugin.enabled=false",
+                 "--set", "npd.enabled=false", "--set", "draDriver.enabled=true")  # fmt: skip
+    (ns,) = r.all("Namespace")
+    assert ns["metadata"]["name"] == "neuron-dra-driver"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert r.get("DaemonSet", DRA_DS)["metadata"]["namespace"] == "neuron-dra-driver"
+    cond = r.get("ValidatingAdmissionPolicy", "neuron-dra-driver-resourceslices")["spec"]["matchConditions"][0]
+    assert "system:serviceaccount:neuron-dra-driver:neuron-dra-driver-sa" in cond["expression"]
+
+
+def test_namespaces_are_created_once_and_only_when_asked(helm: Path) -> None:
+    shared = ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true",
+              "--set", "draDriver.namespace=neuron-agents", "--set", "npd.namespace=neuron-agents"]  # fmt: skip
+    r = template(helm, NEURON_CHART, "--namespace", "default", *shared)
+    assert [ns["metadata"]["name"] for ns in r.all("Namespace")] == ["neuron-agents"]
+    assert {d["metadata"]["namespace"] for d in r.all("DaemonSet")} == {"neuron-agents"}
+    r = template(helm, NEURON_CHART, "--namespace", "default", *shared,
+                 "--set", "draDriver.createNamespace=false", "--set", "npd.createNamespace=false")  # fmt: skip
+    assert r.all("Namespace") == []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Neuron chart: the seed's device plugin install, defaults, the refused combination
+
+
+def test_seed_device_plugin_install(seed_device_plugin: Rendered) -> None:
+    assert seed_device_plugin.names("DaemonSet") == {DP_DS}
+    ds = seed_device_plugin.get("DaemonSet", DP_DS)
+    assert ds["metadata"]["namespace"] == "kube-system"  # the release itself went to "default"
+    assert ds["spec"]["template"]["metadata"]["labels"]["name"] == "neuron-device-plugin-ds"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["automountServiceAccountToken"] is False
+    tolerated = {t.get("key") for t in pod["tolerations"]}
+    assert {"CriticalAddonsOnly", "aws.amazon.com/neuron"} <= tolerated
+    c = container(ds)
+    assert c["command"] == ["neuron-device-plugin", "serve"]
+    assert env_of(c)["METRICS_PORT"] == "9811"
+    mounts = mounts_of(ds)
+    assert mounts["/var/lib/kubelet/device-plugins"] == {
+        "host": "/var/lib/kubelet/device-plugins", "type": "Directory", "readOnly": False,
+    }  # fmt: skip
+    assert mounts["/var/lib/kubelet/pod-resources"]["host"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["/var/lib/kubelet/plugins_registry"]["readOnly"] is True
+    assert mounts["/opt/aws"]["readOnly"] is True
+    # Health needs /dev/neuronN: a device whose node is missing is reported unhealthy.
+    assert mounts["/dev"] == {"host": "/dev", "type": "Directory", "readOnly": True}
+    assert not c["terminationMessagePath"].startswith("/dev/")
+    sc = c["securityContext"]
+    assert (sc["privileged"], sc["allowPrivilegeEscalation"], sc["capabilities"]) == (False, False, {"drop": ["ALL"]})
+    assert seed_device_plugin.all("DeviceClass") == []
+    assert seed_device_plugin.all("ValidatingAdmissionPolicy") == []
+    assert seed_device_plugin.all("ClusterRole") == []  # the plugin never calls the API server
+    assert seed_device_plugin.all("Namespace") == []
+    assert_namespaced(seed_device_plugin)
+
+
+def test_dra_driver_with_device_plugin_fails_with_the_reason(helm: Path) -> None:
+    with pytest.raises(RenderError) as err:
+        template(helm, NEURON_CHART, "--set", "draDriver.enabled=true")
+    message = str(err.value)
+    assert "draDriver.enabled=true cannot be combined with devicePlugin.enabled=true" in message
+    assert "same node" in message and "oversubscription" in message
+    assert "--set devicePlugin.enabled=false" in message
+
+
+def test_defaults_are_device_plugin_and_npd(neuron_defaults: Rendered) -> None:
+    assert neuron_defaults.names("DaemonSet") == {DP_DS, NPD_DS}
+    assert neuron_defaults.names("Namespace") == {"neuron-healthcheck-system"}
+    assert neuron_defaults.names("Service") == {"neuron-device-plugin-metrics", "node-problem-detector-metrics"}
+    assert neuron_defaults.all("ServiceMonitor") == []
+    assert_namespaced(neuron_defaults)
+
+
+COMPONENT_TOGGLES = [combo for combo in itertools.product([True, False], repeat=3) if not (combo[0] and combo[1])]
+
+
+@pytest.mark.parametrize(("device_plugin", "dra_driver", "npd"), COMPONENT_TOGGLES)
+def test_every_toggle_renders_and_lints(helm: Path, device_plugin: bool, dra_driver: bool, npd: bool) -> None:
+    flags = [
+        "--set", f"devicePlugin.enabled={str(device_plugin).lower()}",
+        "--set", f"draDriver.enabled={str(dra_driver).lower()}",
+        "--set", f"npd.enabled={str(npd).lower()}",
+        "--set", "serviceMonitor.enabled=true",
+    ]  # fmt: skip
+    r = template(helm, NEURON_CHART, "--namespace", "neuron-dra-driver", *flags)
+    expected = {name for name, on in [(DP_DS, device_plugin), (DRA_DS, dra_driver), (NPD_DS, npd)] if on}
+    assert r.names("DaemonSet") == expected
+    assert len(r.all("ServiceMonitor")) == len(expected)
+    assert ("neuron.aws.com" in r.names("DeviceClass")) is dra_driver
+    assert ("neuron-node-problem-detector-config" in r.names("ConfigMap")) is npd
+    assert_namespaced(r)
+    run_helm(helm, ["lint", "--strict", str(NEURON_CHART), "--namespace", "neuron-dra-driver", *flags])
+
+
+def test_neuron_chart_lints_with_defaults(helm: Path) -> None:
+    out = run_helm(helm, ["lint", "--strict", str(NEURON_CHART)])
+    assert "0 chart(s) failed" in out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Neuron chart: node problem detection
+
+
+def npd_monitor(r: Rendered) -> dict[str, Any]:
+    cm = r.get("ConfigMap", "neuron-node-problem-detector-config")
+    return dict(json.loads(cm["data"]["neuron-kernel-monitor.json"]))
+
+
+def npd_reason_for(monitor: dict[str, Any], line: str) -> str | None:
+    """The rule node-problem-detector would fire for this kernel line: it matches ``pattern + \\z`` at the end of the
+    log (Go RE2; Python's re agrees on these patterns)."""
+    for rule in monitor["rules"]:
+        if re.search(rule["pattern"] + r"\Z", line):
+            return str(rule["reason"])
+    return None
+
+
+def test_npd_rule_set_sets_neuron_health(neuron_defaults: Rendered) -> None:
+    monitor = npd_monitor(neuron_defaults)
+    assert (monitor["plugin"], monitor["logPath"], monitor["lookback"]) == ("kmsg", "/dev/kmsg", "5m")
+    assert monitor["conditions"] == [
+        {"type": "NeuronHealth", "reason": "NeuronHasNoError", "message": "no Neuron hardware error in the kernel log"}
+    ]
+    assert {r["reason"] for r in monitor["rules"]} == {
+        "NeuronHasError_SRAM_UNCORRECTABLE_ERROR",
+        "NeuronHasError_NC_UNCORRECTABLE_ERROR",
+        "NeuronHasError_HBM_UNCORRECTABLE_ERROR",
+        "NeuronHasError_DMA_ERROR",
+        "NeuronHasError_HANG_ON_COLLECTIVES",
+    }
+    assert {(r["type"], r["condition"]) for r in monitor["rules"]} == {("permanent", "NeuronHealth")}
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        # The runtime's kernel line (Neuron SDK troubleshooting guide), with and without a driver prefix.
+        (
+            "NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR instance-id=i-0abc hostname=ip-10-0-0-1 nd-id=0 nc-id=0 "
+            "serial-num=123 action=TERMINATE_INSTANCE",
+            "NeuronHasError_SRAM_UNCORRECTABLE_ERROR",
+        ),
+        ("neuron: NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=3", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"),
+        ("NEURON_HW_ERR=DMA_ERROR", "NeuronHasError_DMA_ERROR"),
+        ("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=1 nc-id=2", "NeuronHasError_NC_UNCORRECTABLE_ERROR"),
+        ("NEURON_HW_ERR=HANG_ON_COLLECTIVES nd-id=1", "NeuronHasError_HANG_ON_COLLECTIVES"),
+        # Not Neuron hardware errors, or not these ones.
+        ("NEURON_HW_ERR=DMA_ERROR_RECOVERED nd-id=0", None),
+        ("XNEURON_HW_ERR=DMA_ERROR", None),
+        ("NEURON_HW_ERR=SOMETHING_ELSE nd-id=0", None),
+        ("EXT4-fs error (device nvme0n1p1): DMA_ERROR", None),
+    ],
+)
+def test_npd_patterns_match_kernel_lines(neuron_defaults: Rendered, line: str, reason: str | None) -> None:
+    assert npd_reason_for(npd_monitor(neuron_defaults), line) == reason
+
+
+def test_npd_error_list_is_configurable(helm: Path) -> None:
+    r = template(helm, NEURON_CHART, "--set", "npd.errors={DMA_ERROR,NEW_ERROR}")
+    monitor = npd_monitor(r)
+    assert npd_reason_for(monitor, "NEURON_HW_ERR=NEW_ERROR nd-id=0") == "NeuronHasError_NEW_ERROR"
+    assert npd_reason_for(monitor, "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=0") is None
+
+
+def test_npd_daemonset(neuron_defaults: Rendered) -> None:
+    ds = neuron_defaults.get("DaemonSet", NPD_DS)
+    assert ds["metadata"]["namespace"] == "neuron-healthcheck-system"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "node-problem-detector"
+    c = container(ds)
+    assert c["image"].startswith("registry.k8s.io/node-problem-detector/node-problem-detector:")
+    assert "--config.system-log-monitor=/config/neuron-kernel-monitor.json" in c["args"]
+    assert "--prometheus-port=20257" in c["args"]
+    assert env_of(c)["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert c["securityContext"] == {"privileged": True}  # /dev/kmsg
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    mounts = mounts_of(ds)
+    assert mounts["/dev/kmsg"] == {"host": "/dev/kmsg", "type": "CharDevice", "readOnly": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == "neuron-node-problem-detector-config"
+    # The config checksum rolls the pods when the rules change.
+    assert re.fullmatch(r"[0-9a-f]{64}", ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+    role = neuron_defaults.get("ClusterRole", "neuron-node-problem-detector")
+    granted = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
+    assert ("nodes/status", "patch") in granted and ("events", "create") in granted
+    assert ("nodes", "patch") not in granted
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Neuron chart: paths, metrics, node selection, schema
+
+
+def test_kubelet_root_dir_moves_every_kubelet_path(helm: Path) -> None:
+    for flags in (["--set", "npd.enabled=false"], ["--set", "devicePlugin.enabled=false", "--set", "npd.enabled=false",
+                                                   "--set", "draDriver.enabled=true"]):  # fmt: skip
+        r = template(helm, NEURON_CHART, "--set", "kubeletRootDir=/data/kubelet", *flags)
+        (ds,) = r.all("DaemonSet")
+        mounts = mounts_of(ds)
+        kubelet_mounts = {path: m for path, m in mounts.items() if "kubelet" in path}
+        assert kubelet_mounts, "no kubelet directory mounted"
+        for path, m in kubelet_mounts.items():
+            assert path.startswith("/data/kubelet/") and m["host"] == path, (path, m)
+        env = env_of(container(ds))
+        assert env["KUBELET_ROOT"] == "/data/kubelet"
+        assert all("/var/lib/kubelet" not in str(v) for v in env.values())
+
+
+def test_cdi_root_dir_is_configurable(helm: Path) -> None:
+    r = template(helm, NEURON_CHART, "--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true",
+                 "--set", "draDriver.cdiRootDir=/etc/cdi")  # fmt: skip
+    ds = r.get("DaemonSet", DRA_DS)
+    assert env_of(container(ds))["CDI_ROOT"] == "/etc/cdi"
+    assert mounts_of(ds)["/etc/cdi"]["host"] == "/etc/cdi"
+
+
+def test_metrics_service_per_daemon_matches_its_pods(helm: Path) -> None:
+    for flags, ds_name, svc_name, port in [
+        ([], DP_DS, "neuron-device-plugin-metrics", 9811),
+        ([], NPD_DS, "node-problem-detector-metrics", 20257),
+        (["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"], DRA_DS,
+         "neuron-dra-driver-metrics", 9812),
+    ]:  # fmt: skip
+        r = template(helm, NEURON_CHART, *flags)
+        ds, svc = r.get("DaemonSet", ds_name), r.get("Service", svc_name)
+        assert svc["metadata"]["namespace"] == ds["metadata"]["namespace"]
+        assert svc["spec"]["clusterIP"] == "None"
+        pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= pod_labels.items()
+        assert svc["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}]
+        assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container(ds)["ports"]
+
+
+def test_service_monitor_selects_the_metrics_service(helm: Path) -> None:
+    flags = ["--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.labels.release=kps"]
+    r = template(helm, NEURON_CHART, *flags)
+    for name, svc_name in [("neuron-device-plugin", "neuron-device-plugin-metrics"),
+                           ("node-problem-detector", "node-problem-detector-metrics")]:  # fmt: skip
+        sm, svc = r.get("ServiceMonitor", name), r.get("Service", svc_name)
+        assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert sm["metadata"]["namespace"] == svc["metadata"]["namespace"]
+        assert sm["metadata"]["labels"]["release"] == "kps"
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_metrics_can_be_switched_off(helm: Path) -> None:
+    r = template(helm, NEURON_CHART, "--set", "devicePlugin.metrics.enabled=false", "--set", "npd.enabled=false")
+    assert r.all("Service") == []
+    c = container(r.get("DaemonSet", DP_DS))
+    assert env_of(c)["METRICS_PORT"] == "0"
+    assert "ports" not in c
+
+
+def test_node_selection_by_instance_type_or_label(neuron_defaults: Rendered) -> None:
+    ds = neuron_defaults.get("DaemonSet", DP_DS)
+    linux = {"kubernetes.io/os": "linux"}
+    assert node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "trn2.48xlarge"})
+    # A type the list does not know yet, labelled by its node group: selected.
+    assert node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "trn9.48xlarge",
+                             "aws.amazon.com/neuron.present": "true"})  # fmt: skip
+    assert not node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "trn9.48xlarge"})
+    assert not node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "m5.large"})
+    assert not node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "trn2.48xlarge",
+                                 "eks.amazonaws.com/compute-type": "auto"})  # fmt: skip
+
+
+def test_node_selection_covers_every_neuron_type_of_the_catalog(neuron_defaults: Rendered) -> None:
+    listed = next(e["values"] for e in node_terms(neuron_defaults.get("DaemonSet", DP_DS))[0]
+                  if e["key"] == "node.kubernetes.io/instance-type")  # fmt: skip
+    neuron_types = {name for name, t in catalog.load().items() if t.neuron_count}
+    assert neuron_types and neuron_types <= set(listed)
+
+
+def test_node_selection_options(helm: Path) -> None:
+    everywhere = template(helm, NEURON_CHART, "--set", "nodeSelection.allNodes=true")
+    ds = everywhere.get("DaemonSet", DP_DS)
+    assert len(node_terms(ds)) == 1
+    assert node_matches(ds, {"kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "m5.large"})
+    assert not node_matches(ds, {"kubernetes.io/os": "windows"})
+
+    by_key = template(helm, NEURON_CHART, "--set-json", "nodeSelection.instanceTypes=[]",
+                      "--set", "nodeSelection.nodeLabels[0].key=example.com/neuron")  # fmt: skip
+    ds = by_key.get("DaemonSet", DP_DS)
+    assert node_matches(ds, {"kubernetes.io/os": "linux", "example.com/neuron": "anything"})
+    assert not node_matches(ds, {"kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "trn2.48xlarge"})
+
+    custom = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["neuron"]}]}]}}}  # fmt: skip
+    overridden = template(helm, NEURON_CHART, "--set-json", f"devicePlugin.affinity={json.dumps(custom)}",
+                          "--set", "devicePlugin.nodeSelector.team=ml")  # fmt: skip
+    spec = overridden.get("DaemonSet", DP_DS)["spec"]["template"]["spec"]
+    assert spec["affinity"] == custom
+    assert spec["nodeSelector"] == {"team": "ml"}
+
+    with pytest.raises(RenderError, match="nodeSelection selects no node"):
+        template(
+            helm,
+            NEURON_CHART,
+            "--set-json",
+            "nodeSelection.instanceTypes=[]",
+            "--set-json",
+            "nodeSelection.nodeLabels=[]",
+        )
+
+
+@pytest.mark.parametrize(
+    ("flag", "complaint"),
+    [
+        ("devicePlugin.enable=false", "additional properties 'enable' not allowed"),
+        ("kubeletRootDir=var/lib/kubelet", "/kubeletRootDir"),
+        ("kubeletRootDir=/var/lib/kubelet/", "/kubeletRootDir"),
+        ("logFormat=text", "/logFormat"),
+        ("npd.errors[0]=dma error", "/npd/errors/0"),
+        ("draDriver.healthcheckPort=0", "/draDriver/healthcheckPort"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: Path, flag: str, complaint: str) -> None:
+    with pytest.raises(RenderError) as err:
+        template(helm, NEURON_CHART, "--set", flag)
+    assert complaint in str(err.value)
+
+
+def test_image_tag_defaults_to_app_version_and_digest_wins(helm: Path, neuron_defaults: Rendered) -> None:
+    assert container(neuron_defaults.get("DaemonSet", DP_DS))["image"].endswith(":0.1.0")
+    digest = "sha256:" + "a" * 64
+    r = template(helm, NEURON_CHART, "--set", f"image.digest={digest}", "--set", "image.repository=example.com/agents")
+    assert container(r.get("DaemonSet", DP_DS))["image"] == f"example.com/agents@{digest}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# EFA chart
+
+
+def test_efa_daemonset_as_the_documents_expect(efa_defaults: Rendered) -> None:
+    assert efa_defaults.names("DaemonSet") == {EFA_DS}
+    ds = efa_defaults.get("DaemonSet", EFA_DS)
+    assert ds["metadata"]["namespace"] == "kube-system"
+    assert ds["spec"]["selector"]["matchLabels"] == {"name": "aws-efa-k8s-device-plugin"}
+    assert ds["spec"]["template"]["metadata"]["labels"]["name"] == "aws-efa-k8s-device-plugin"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["automountServiceAccountToken"] is False
+    c = container(ds)
+    assert c["name"] == "aws-efa-k8s-device-plugin"
+    assert c["command"] == ["efa-device-plugin", "serve"]
+    env = env_of(c)
+    assert (env["KUBELET_ROOT"], env["METRICS_PORT"]) == ("/var/lib/kubelet", "9810")
+    mounts = mounts_of(ds)
+    assert mounts["/var/lib/kubelet/device-plugins"] == {
+        "host": "/var/lib/kubelet/device-plugins", "type": "Directory", "readOnly": False,
+    }  # fmt: skip
+    assert mounts["/dev/infiniband"] == {"host": "/dev/infiniband", "type": "DirectoryOrCreate", "readOnly": True}
+    assert_namespaced(efa_defaults)
+
+
+def test_efa_runs_as_root_without_privileges(efa_defaults: Rendered) -> None:
+    sc = container(efa_defaults.get("DaemonSet", EFA_DS))["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False  # the kubelet's socket directory is root's
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_efa_names_do_not_depend_on_the_release(helm: Path) -> None:
+    r = template(helm, EFA_CHART, "--namespace", "tools", release="efa")
+    ds = r.get("DaemonSet", EFA_DS)
+    assert ds["metadata"]["namespace"] == "kube-system"
+    assert r.get("Service", "aws-efa-k8s-device-plugin-metrics")["metadata"]["namespace"] == "kube-system"
+
+
+def test_efa_node_selection(efa_defaults: Rendered) -> None:
+    ds = efa_defaults.get("DaemonSet", EFA_DS)
+    linux = {"kubernetes.io/os": "linux"}
+    efa_types = {name for name, t in catalog.load().items() if t.efa_count}
+    assert efa_types
+    for name in efa_types:
+        assert node_matches(ds, {**linux, "node.kubernetes.io/instance-type": name}), name
+    assert not node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "c5.large"})
+    # A new type missing from the list is still selected when its node group labels it.
+    assert node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "p9.48xlarge",
+                             "vpc.amazonaws.com/efa.present": "true"})  # fmt: skip
+    assert not node_matches(ds, {**linux, "node.kubernetes.io/instance-type": "p5.48xlarge",
+                                 "eks.amazonaws.com/compute-type": "auto"})  # fmt: skip
+    tolerated = {t.get("key") for t in ds["spec"]["template"]["spec"]["tolerations"]}
+    assert {"CriticalAddonsOnly", "aws.amazon.com/efa", "nvidia.com/gpu"} <= tolerated
+
+
+def test_efa_kubelet_root_metrics_and_service_monitor(helm: Path) -> None:
+    r = template(helm, EFA_CHART, "--set", "kubeletRootDir=/data/kubelet", "--set", "serviceMonitor.enabled=true")
+    ds = r.get("DaemonSet", EFA_DS)
+    assert mounts_of(ds)["/data/kubelet/device-plugins"]["host"] == "/data/kubelet/device-plugins"
+    assert env_of(container(ds))["KUBELET_ROOT"] == "/data/kubelet"
+    svc = r.get("Service", "aws-efa-k8s-device-plugin-metrics")
+    assert svc["spec"]["selector"] == {"name": "aws-efa-k8s-device-plugin"}
+    assert svc["spec"]["ports"][0]["port"] == 9810
+    sm = r.get("ServiceMonitor", "aws-efa-k8s-device-plugin")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+    off = template(helm, EFA_CHART, "--set", "metrics.enabled=false", "--set", "serviceMonitor.enabled=true")
+    assert off.all("Service") == [] and off.all("ServiceMonitor") == []
+    assert env_of(container(off.get("DaemonSet", EFA_DS)))["METRICS_PORT"] == "0"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        ["--set", "nodeSelection.allNodes=true"],
+        ["--set", "hostNetwork=false", "--set", "metrics.enabled=false"],
+        ["--set", "serviceMonitor.enabled=true", "--set", "logFormat=json"],
+    ],
+)
+def test_efa_chart_lints(helm: Path, flags: list[str]) -> None:
+    out = run_helm(helm, ["lint", "--strict", str(EFA_CHART), *flags])
+    assert "0 chart(s) failed" in out
+
+
+def test_efa_schema_rejects_unknown_keys(helm: Path) -> None:
+    with pytest.raises(RenderError, match="supportedInstanceLabels"):
+        template(helm, EFA_CHART, "--set", "supportedInstanceLabels.keys[0]=x")

