@@ -42,11 +42,14 @@ class ListPolicy:
     def allocate(self, ids: Sequence[str]) -> ContainerEdits:
         if "w13" in ids:
             raise AllocationError("w13 is cursed")
-        return ContainerEdits(device_nodes=tuple(DeviceNode(f"/dev/widget/{i}") for i in ids), env=(("WIDGETS", ",".join(ids)),))
+        nodes = tuple(DeviceNode(f"/dev/widget/{i}") for i in ids)
+        return ContainerEdits(device_nodes=nodes, env=(("WIDGETS", ",".join(ids)),))
 
 
 @contextlib.asynccontextmanager
-async def running(short_tmp: Path, policy: ListPolicy, *, kubelet: bool = True) -> AsyncIterator[tuple[KubeletStandIn, DevicePluginServer]]:
+async def running(
+    short_tmp: Path, policy: ListPolicy, *, kubelet: bool = True
+) -> AsyncIterator[tuple[KubeletStandIn, DevicePluginServer]]:
     standin = KubeletStandIn(short_tmp / "kubelet")
     standin.dp_dir.mkdir(parents=True)
     if kubelet:
@@ -104,7 +107,8 @@ def test_allocate_and_errors(short_tmp: Path) -> None:
             await standin.wait_registered(RESOURCE)
             await standin.wait_devices(RESOURCE, lambda d: len(d) == 16)
             resp = await standin.allocate(RESOURCE, ["w1", "w2"], ["w3"])
-            assert [d.container_path for d in resp.container_responses[0].devices] == ["/dev/widget/w1", "/dev/widget/w2"]
+            paths = [d.container_path for d in resp.container_responses[0].devices]
+            assert paths == ["/dev/widget/w1", "/dev/widget/w2"]
             assert resp.container_responses[1].envs["WIDGETS"] == "w3"
             assert resp.container_responses[0].devices[0].permissions == "rw"
             for bad, needle in ((["nope"], "'nope'"), (["w13"], "cursed")):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
@@ -110,7 +112,8 @@ def test_health_stream_sends_full_list_on_change(short_tmp: Path) -> None:
         conn = await standin.register_dra(DRIVER)
         stream = conn.watch_health()
         first = await asyncio.wait_for(stream.read(), 2)
-        assert [(d.device.device_name, d.health) for d in first.devices] == [("toy-0", hp.HEALTHY), ("toy-1", hp.UNKNOWN)]
+        got = [(d.device.device_name, d.health) for d in first.devices]
+        assert got == [("toy-0", hp.HEALTHY), ("toy-1", hp.UNKNOWN)]
         handler.healthy = False
         await plugin.health_changed()
         second = await asyncio.wait_for(stream.read(), 2)
@@ -133,10 +136,8 @@ def test_registration_rejection_is_reported(short_tmp: Path) -> None:
         old = ks.KUBELET_DRA_SERVICES
         ks.KUBELET_DRA_SERVICES = ("v1alpha4.DRAPlugin",)
         try:
-            try:
+            with pytest.raises(RuntimeError, match="rejected"):
                 await standin.register_dra(DRIVER)
-            except RuntimeError:
-                pass
             ok, error = await asyncio.wait_for(plugin.registration_status.get(), 2)
             assert not ok and "versions" in error
         finally:
