@@ -1,0 +1,205 @@
+"""EFA metrics, read at scrape time: every hw counter the host exposes, port state, health and allocations.
+
+Names (all with labels ``device`` = ibdev name, ``pci_address``, ``numa_node`` = ``-1`` when unknown):
+
+- ``efa_device_<counter>_total``: each file in ``<ibdev>/hw_counters`` (``cmds_err``, ``create_qp_err``, ...);
+- ``efa_port_<counter>_total{port}``: each file in ``<ibdev>/ports/<port>/hw_counters`` (``tx_bytes``,
+  ``rx_drops``, ``retrans_pkts``, ``unresponsive_remote_events``, ``impaired_remote_conn_events``, ...);
+- ``efa_port_active{port}`` 1/0 and ``efa_port_state{port,state}`` = 1 with the kernel's state name;
+- ``efa_device_healthy`` 1/0 (what the kubelet is told), ``efa_device_info{uverbs,pcie_root}`` = 1;
+- ``efa_device_allocated`` 1/0 from the kubelet's PodResources API (absent when it cannot be reached) and
+  ``efa_device_allocations_total`` (Allocate responses that included the device since the daemon started);
+- ``efa_counter_read_errors_total``: counter files that could not be read (each path is logged once).
+
+The ``lifespan`` file (the kernel's counter cache time) is not a counter and is skipped; so are files that are
+missing or answer EOPNOTSUPP, as some drivers do for counters the device lacks.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from accel_core.kubeletapi import podresources_v1_pb2 as pr
+from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
+from accel_core.logs import kv
+from efa_plugin.discovery import EfaDevice
+from efa_plugin.policy import EfaPolicy
+
+log = logging.getLogger(__name__)
+
+BASE_LABELS = ("device", "pci_address", "numa_node")
+PORT_LABELS = (*BASE_LABELS, "port")
+NOT_COUNTERS = frozenset({"lifespan"})
+_SILENT_ERRNOS = frozenset({errno.ENOENT, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENODEV})
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+_MAX_LOGGED_PATHS = 1024
+
+
+def base_labels(dev: EfaDevice) -> list[str]:
+    return [dev.ibdev, dev.pci_address, str(dev.numa_node if dev.numa_node is not None else -1)]
+
+
+class AllocatedDevices:
+    """Device IDs of one resource that pods hold now, from the kubelet's PodResources ``List`` (blocking call).
+
+    Meant for the scrape thread. Returns None when the kubelet cannot be asked (no socket, timeout, error).
+    """
+
+    def __init__(self, socket: Path, resource: str, timeout: float = 1.0) -> None:
+        self._socket = socket
+        self._resource = resource
+        self._timeout = timeout
+        self._channel: grpc.Channel | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> set[str] | None:
+        if not self._socket.exists():
+            return None
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(f"unix://{self._socket}")
+            stub = pr_grpc.PodResourcesListerStub(self._channel)
+            try:
+                resp = stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout)
+            except grpc.RpcError as exc:
+                log.debug("pod resources unavailable", extra=kv(socket=str(self._socket), error=exc))
+                self._channel.close()
+                self._channel = None
+                return None
+        return {
+            device_id
+            for pod in resp.pod_resources
+            for container in pod.containers
+            for devices in container.devices
+            if devices.resource_name == self._resource
+            for device_id in devices.device_ids
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+
+class EfaMetrics:
+    """Produces the EFA metric families for one scrape (use with ``accel_core.metrics.CallbackCollector``)."""
+
+    def __init__(self, policy: EfaPolicy, allocated: Callable[[], set[str] | None] | None = None) -> None:
+        self._policy = policy
+        self._allocated = allocated
+        self._logged: set[str] = set()
+        self._read_errors: dict[str, int] = {}
+
+    def __call__(self) -> Iterable[Metric]:
+        devices = self._policy.inventory.devices
+        counts = dict(self._policy.allocation_counts)
+        allocated = self._allocated() if self._allocated is not None else None
+
+        info = GaugeMetricFamily("efa_device_info", "EFA device identity (value 1)",
+                                 labels=(*BASE_LABELS, "uverbs", "pcie_root"))
+        healthy = GaugeMetricFamily("efa_device_healthy", "1 when the device is advertised Healthy",
+                                    labels=BASE_LABELS)
+        handed = CounterMetricFamily("efa_device_allocations",
+                                     "Allocate responses that included the device since the plugin started",
+                                     labels=BASE_LABELS)
+        in_use = GaugeMetricFamily("efa_device_allocated", "1 while a pod holds the device (kubelet PodResources)",
+                                   labels=BASE_LABELS)
+        active = GaugeMetricFamily("efa_port_active", "1 when the port state is ACTIVE", labels=PORT_LABELS)
+        state = GaugeMetricFamily("efa_port_state", "Port state name as the kernel reports it (value 1)",
+                                  labels=(*PORT_LABELS, "state"))
+        families: dict[str, CounterMetricFamily] = {}
+        for dev in devices:
+            labels = base_labels(dev)
+            info.add_metric([*labels, dev.uverbs, dev.pcie_root or ""], 1)
+            healthy.add_metric(labels, 1 if dev.healthy else 0)
+            handed.add_metric(labels, counts.get(dev.id, 0))
+            if allocated is not None:
+                in_use.add_metric(labels, 1 if dev.id in allocated else 0)
+            base = str(dev.sysfs_dir)
+            self._counters(dev, f"{base}/hw_counters", "efa_device_", labels, families)
+            for port in _ports(base):
+                port_labels = [*labels, port]
+                text = self._read(f"{base}/ports/{port}/state")
+                if text is not None:
+                    name = text.split(":", 1)[-1].strip()
+                    active.add_metric(port_labels, 1 if name == "ACTIVE" else 0)
+                    state.add_metric([*port_labels, name], 1)
+                self._counters(dev, f"{base}/ports/{port}/hw_counters", "efa_port_", port_labels, families)
+        errors = CounterMetricFamily("efa_counter_read_errors", "hw counter files that could not be read",
+                                     labels=("device",))
+        for device, n in sorted(self._read_errors.items()):
+            errors.add_metric([device], n)
+        yield from (info, healthy, handed, active, state, errors)
+        if allocated is not None:
+            yield in_use
+        yield from (families[name] for name in sorted(families))
+
+    def _counters(self, dev: EfaDevice, directory: str, prefix: str, labels: list[str],
+                  families: dict[str, CounterMetricFamily]) -> None:
+        try:
+            names = sorted(e.name for e in os.scandir(directory) if e.name not in NOT_COUNTERS)
+        except OSError:
+            return  # no counters at this scope (older drivers keep them all under the port)
+        for name in names:
+            path = f"{directory}/{name}"
+            text = self._read(path, device=dev.ibdev)
+            if text is None:
+                continue
+            try:
+                value = int(text)
+            except ValueError:
+                self._fail(path, dev.ibdev, f"not an integer ({text[:40]!r})")
+                continue
+            metric = prefix + _NAME_RE.sub("_", name)
+            family = families.get(metric)
+            if family is None:
+                scope = "device" if prefix == "efa_device_" else "port"
+                family = families[metric] = CounterMetricFamily(
+                    metric, f"EFA {scope}-scope hw counter {name} (sysfs hw_counters)", labels=labels_for(prefix))
+            family.add_metric(labels, value)
+
+    def _read(self, path: str, device: str | None = None) -> str | None:
+        """A small sysfs file's text; None (logged once per path when unexpected) if it cannot be read."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                data = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            return data.decode("utf-8").strip()
+        except OSError as exc:
+            if exc.errno not in _SILENT_ERRNOS and device is not None:
+                self._fail(path, device, exc.strerror or str(exc))
+            return None
+        except UnicodeError:
+            if device is not None:
+                self._fail(path, device, "not text")
+            return None
+
+    def _fail(self, path: str, device: str, why: str) -> None:
+        self._read_errors[device] = self._read_errors.get(device, 0) + 1
+        key = path
+        if key not in self._logged and len(self._logged) < _MAX_LOGGED_PATHS:
+            self._logged.add(key)
+            log.warning("EFA counter unreadable; skipped in metrics", extra=kv(device=device, path=key, error=why))
+
+
+def labels_for(prefix: str) -> tuple[str, ...]:
+    return PORT_LABELS if prefix == "efa_port_" else BASE_LABELS
+
+
+def _ports(ib_dir: str) -> list[str]:
+    try:
+        return sorted((p for p in os.listdir(f"{ib_dir}/ports") if p.isdigit()), key=int)
+    except OSError:
+        return []

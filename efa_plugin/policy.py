@@ -1,0 +1,138 @@
+"""The EFA device-plugin policy: what ``vpc.amazonaws.com/efa`` advertises, prefers and hands to a container.
+
+It keeps the latest inventory (re-read by :meth:`EfaPolicy.rediscover` on every host change) and remembers every
+device it has seen: a device whose sysfs entry vanishes stays advertised as Unhealthy until it comes back, so the
+node's capacity does not silently shrink and nothing is scheduled onto it.
+
+Allocate gives one DeviceSpec per device, ``/dev/infiniband/uverbsN`` with ``rw``, and nothing else: no hostPath of
+``/dev/infiniband`` (which would expose non-EFA uverbs, umad and issm nodes), no ``rdma_cm`` (EFA does not use it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
+from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.logs import kv
+from accel_core.paths import HostPaths
+from efa_plugin import RESOURCE_NAME, SOCKET_NAME
+from efa_plugin.allocation import Topology
+from efa_plugin.discovery import CLASS_IB, CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
+
+log = logging.getLogger(__name__)
+
+
+class EfaPolicy:
+    """DevicePluginPolicy for EFA. Readers in other threads (metrics) are safe: the state is replaced whole."""
+
+    resource_name = RESOURCE_NAME
+    socket_name = SOCKET_NAME
+
+    def __init__(self, paths: HostPaths, *, discover_fn: Callable[[HostPaths], EfaInventory] = discover) -> None:
+        self.paths = paths
+        self._discover = discover_fn
+        self._inventory = EfaInventory()
+        self._topology = Topology(())
+        self._seen: dict[str, EfaDevice] = {}
+        self._reported: set[str] = set()
+        self._announced_empty = False
+        self._present: set[str] = set()
+        self.allocation_counts: Counter[str] = Counter()  #: times each device was handed out by Allocate
+
+    # -- state ---------------------------------------------------------------------------------------------------
+    @property
+    def inventory(self) -> EfaInventory:
+        """The current inventory, vanished devices included (as Unhealthy)."""
+        return self._inventory
+
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
+    def rediscover(self) -> bool:
+        """Re-read the host; log what changed (once per problem); returns True when the inventory changed."""
+        found = self._discover(self.paths)
+        devices = {d.id: d for d in found.devices}
+        for device_id, last in self._seen.items():
+            if device_id not in devices:
+                gone = f"{CLASS_IB}/{last.ibdev} and {CLASS_VERBS}/{last.uverbs} are gone (device detached?)"
+                devices[device_id] = dataclasses.replace(last, problems=(gone,))
+        for dev in found.devices:
+            if dev.id not in self._seen:
+                log.info("EFA device found", extra=kv(device=dev.ibdev, uverbs=dev.uverbs, pci=dev.pci_address,
+                                                      numa=dev.numa_node, pcie_root=dev.pcie_root,
+                                                      port=dev.port_state))
+            self._seen[dev.id] = dev
+        inventory = dataclasses.replace(found, devices=tuple(sorted(devices.values(), key=lambda d: d.id)))
+        self._report(inventory)
+        self._present = {d.id for d in found.devices}
+        if inventory == self._inventory:
+            return False
+        self._topology = Topology(inventory.devices)
+        self._inventory = inventory
+        return True
+
+    def _report(self, inv: EfaInventory) -> None:
+        """One log line per problem when it appears, and one when it clears."""
+        current: set[str] = set(inv.skipped)
+        for dev in inv.devices:
+            current.update(f"{dev.id}\t{p}" for p in dev.problems)
+        for problem in sorted(current - self._reported):
+            device, _, text = problem.rpartition("\t")
+            if device:
+                log.warning("EFA device unhealthy", extra=kv(device=device, problem=text))
+            else:
+                log.warning("EFA entry skipped", extra=kv(problem=text))
+        for problem in sorted(self._reported - current):
+            device, _, text = problem.rpartition("\t")
+            log.info("EFA problem cleared", extra=kv(device=device or "-", problem=text))
+        self._reported = current
+        if not inv.devices and not self._announced_empty:
+            log.info("no EFA device on this node; advertising nothing and watching for devices to appear",
+                     extra=kv(checked=CLASS_VERBS, instance_type=inv.instance_type or "unknown",
+                              non_efa_rdma=len(inv.ignored)))
+        self._announced_empty = not inv.devices
+
+    def watch_paths(self) -> list[Path]:
+        """What to watch for changes, as *files*: the watcher then watches just their directory, not a subtree.
+
+        ``infiniband_verbs/`` (devices come and go), ``/dev/infiniband/`` (device nodes) and every present device's
+        ``ports/<p>/`` (state). A few dozen watches instead of hundreds keeps each wake-up cheap; anything else
+        (a corrupted attribute, say) is caught by the periodic rescan.
+        """
+        host = self.paths.host
+        out = [host(f"{CLASS_VERBS}/abi_version"), host(f"{DEV_IB}/rdma_cm")]
+        for dev in self._inventory.devices:
+            if dev.id in self._present:
+                out += [dev.sysfs_dir / "ports" / str(port) / "state" for port, _ in dev.port_states]
+        return out
+
+    # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
+    def devices(self) -> list[AdvertisedDevice]:
+        return [AdvertisedDevice(d.id, d.healthy, d.numa_node) for d in self._inventory.devices]
+
+    def advertise_blocked(self) -> str | None:
+        return None
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        return self._topology.preferred(available, must_include, size)
+
+    def allocate(self, ids: Sequence[str]) -> ContainerEdits:
+        """One rw DeviceSpec per device: its current ``/dev/infiniband/uverbsN`` (looked up now, never cached)."""
+        inv = self._inventory
+        nodes: list[DeviceNode] = []
+        for device_id in dict.fromkeys(ids):
+            dev = inv.get(device_id)
+            if dev is None:
+                raise AllocationError(f"unknown EFA device ID {device_id!r}")
+            if not dev.healthy:
+                raise AllocationError(f"EFA device {device_id!r} ({dev.ibdev}) is unhealthy: {dev.problems[0]}")
+            nodes.append(DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor))
+        self.allocation_counts.update(dict.fromkeys(ids, 1))
+        return ContainerEdits(device_nodes=tuple(nodes))
+
