@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from prometheus_client import disable_created_metrics
 
-from accel_core.logs import setup_logging
+from accel_core.logs import kv, setup_logging
 from accel_core.paths import HostPaths, add_path_flags, resolve_paths
+
+log = logging.getLogger(__name__)
 
 
 def add_common_flags(parser: argparse.ArgumentParser, *, metrics_port: int) -> None:
@@ -26,4 +29,16 @@ def setup_from_args(args: argparse.Namespace) -> HostPaths:
     """Configure logging and resolve paths from parsed common flags."""
     setup_logging(args.log_level, args.log_format)
     disable_created_metrics()  # no *_created series: they double every counter for no operator value
-    return resolve_paths(args)
+    paths = resolve_paths(args)
+    check_roots(paths)
+    return paths
+
+
+def check_roots(paths: HostPaths) -> None:
+    """One clear line for a host root or kubelet root that is missing or unreadable; the daemon carries on."""
+    for label, path in (("host root", paths.host_root), ("kubelet root", paths.kubelet_root)):
+        if not path.is_dir():
+            log.error(f"{label} {path} does not exist or is not a directory; carrying on, nothing will be found "
+                      "there until it appears", extra=kv(path=str(path)))
+        elif not os.access(path, os.R_OK | os.X_OK):
+            log.error(f"{label} {path} is not readable; carrying on", extra=kv(path=str(path)))
