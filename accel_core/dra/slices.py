@@ -1,0 +1,571 @@
+"""Publishing one node's ResourceSlices (resource.k8s.io/v1) for one DRA driver, with lightkube.
+
+The driver says which devices it has (:meth:`SlicePublisher.set_devices`); the publisher keeps the API server in
+line with that and nothing else:
+
+- pool name = node name, ``spec.nodeName`` set, an owner reference to the Node (its UID looked up once), slices
+  named ``<node>-<driver>-<random>`` by the API server;
+- at most 128 devices per slice (64 when any device carries taints), so a large pool spans several slices that
+  all carry ``resourceSliceCount``;
+- nothing is written before the driver hands over its first complete device list, and nothing while what the
+  server holds already matches it (checked on start, after every watch event and every change), so an idle node
+  causes no writes at all; a change writes every slice of the pool with the pool generation bumped;
+- a failed write or an absent API server is retried with exponential backoff (0.5 s doubling to 30 s); the
+  pool is re-listed afterwards, so a half-written update is finished, never left behind as the newest generation;
+- an API server that silently drops fields (device taints behind a disabled feature gate) is detected by
+  comparing what it returned with what was sent. Taints then fall back to leaving the tainted devices
+  (NoSchedule/NoExecute) out of the slice; other dropped fields are logged once and accepted.
+
+Limits are checked locally before anything is sent (:func:`validate_devices`); errors name the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, cast
+
+from lightkube import ApiError, AsyncClient
+from lightkube.core.exceptions import NotReadyError
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceSlice
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from accel_core.logs import kv
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_STRING = 64
+MAX_TAINTS_PER_DEVICE = 4
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+INT64_MAX = 2**63 - 1
+
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+_SUFFIX_VALUE = {
+    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+_BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
+
+
+class SliceValidationError(ValueError):
+    """A device would break a resource.k8s.io/v1 limit; the message names the device and the field."""
+
+
+@dataclass(frozen=True)
+class Version:
+    """A ``version`` attribute (semantic version 2.0.0)."""
+
+    value: str
+
+
+AttributeValue = bool | int | str | Version
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A device taint; ``effect`` is NoSchedule, NoExecute or None."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class SliceDevice:
+    """One device as the driver wants it published. Capacity values are ints or Kubernetes quantity strings."""
+
+    name: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, int | str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+    def to_api(self, *, with_taints: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.attributes:
+            out["attributes"] = {k: _attribute_json(v) for k, v in sorted(self.attributes.items())}
+        if self.capacity:
+            out["capacity"] = {k: {"value": quantity(v)} for k, v in sorted(self.capacity.items())}
+        if with_taints and self.taints:
+            out["taints"] = [{"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect}
+                             for t in self.taints]
+        return out
+
+
+def _attribute_json(value: AttributeValue) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": value}
+
+
+def quantity(value: int | str) -> str:
+    """A quantity string; ints that are exact multiples of 1024 use the binary suffix (``96Gi``)."""
+    if isinstance(value, str):
+        return value
+    for i, suffix in enumerate(_BINARY_SUFFIXES):
+        unit = 1024 ** (len(_BINARY_SUFFIXES) - i)
+        if value and value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def quantity_value(text: str) -> Decimal:
+    """The numeric value of a Kubernetes quantity string; raises ValueError for malformed ones."""
+    m = _QUANTITY.match(text.strip())
+    if not m:
+        raise ValueError(f"not a quantity: {text!r}")
+    number, suffix = m.group(1), m.group(2) or ""
+    try:
+        base = Decimal(number)
+    except InvalidOperation as exc:
+        raise ValueError(f"not a quantity: {text!r}") from exc
+    if suffix[:1] in ("e", "E"):
+        return base * Decimal(10) ** int(suffix[1:])
+    return base * _SUFFIX_VALUE[suffix]
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+def _check_qualified_name(device: str, what: str, name: str) -> None:
+    domain, _, ident = name.rpartition("/")
+    if len(ident) > 32 or not _C_IDENTIFIER.match(ident):
+        raise SliceValidationError(
+            f"device {device}: {what} name {name!r}: {ident!r} must be a C identifier of at most 32 characters")
+    if "/" in name and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
+        raise SliceValidationError(
+            f"device {device}: {what} name {name!r}: domain {domain!r} must be a DNS subdomain of at most 63 "
+            "characters")
+
+
+def _check_attribute(device: str, name: str, value: AttributeValue) -> None:
+    _check_qualified_name(device, "attribute", name)
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise SliceValidationError(f"device {device}: attribute {name!r}: {value} does not fit in int64")
+        return
+    text = value.value if isinstance(value, Version) else value
+    if not isinstance(text, str):
+        raise SliceValidationError(f"device {device}: attribute {name!r}: unsupported type {type(value).__name__}")
+    if len(text) > MAX_ATTRIBUTE_STRING:
+        raise SliceValidationError(f"device {device}: attribute {name!r}: value of {len(text)} characters exceeds "
+                                   f"{MAX_ATTRIBUTE_STRING}")
+    if isinstance(value, Version) and not _SEMVER.match(text):
+        raise SliceValidationError(f"device {device}: attribute {name!r}: {text!r} is not a semantic version")
+
+
+def _check_taint(device: str, taint: Taint) -> None:
+    prefix, _, name = taint.key.rpartition("/")
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name) or (
+            "/" in taint.key and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
+        raise SliceValidationError(f"device {device}: taint key {taint.key!r} is not a qualified name")
+    if taint.value and (len(taint.value) > 63 or not _LABEL_NAME.match(taint.value)):
+        raise SliceValidationError(f"device {device}: taint {taint.key!r}: value {taint.value!r} is not a label "
+                                   "value (at most 63 characters)")
+    if taint.effect not in TAINT_EFFECTS:
+        raise SliceValidationError(f"device {device}: taint {taint.key!r}: effect {taint.effect!r} is not one of "
+                                   f"{', '.join(TAINT_EFFECTS)}")
+
+
+def validate_device(device: SliceDevice) -> None:
+    """Raise SliceValidationError if ``device`` breaks a resource.k8s.io/v1 limit."""
+    name = device.name
+    if len(name) > 63 or not _DNS_LABEL.match(name):
+        raise SliceValidationError(f"device {name!r}: name must be a DNS label of at most 63 characters")
+    total = len(device.attributes) + len(device.capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise SliceValidationError(f"device {name}: {len(device.attributes)} attributes + {len(device.capacity)} "
+                                   f"capacities = {total}, more than {MAX_ATTRIBUTES_AND_CAPACITIES}")
+    for attr, value in device.attributes.items():
+        _check_attribute(name, attr, value)
+    for cap, amount in device.capacity.items():
+        _check_qualified_name(name, "capacity", cap)
+        try:
+            ok = quantity_value(quantity(amount)) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SliceValidationError(f"device {name}: capacity {cap!r}: {amount!r} is not a non-negative quantity")
+    if len(device.taints) > MAX_TAINTS_PER_DEVICE:
+        raise SliceValidationError(f"device {name}: {len(device.taints)} taints, more than {MAX_TAINTS_PER_DEVICE}")
+    for taint in device.taints:
+        _check_taint(name, taint)
+
+
+def validate_devices(devices: Sequence[SliceDevice]) -> None:
+    """Validate every device and that names are unique within the pool."""
+    seen: set[str] = set()
+    for device in devices:
+        validate_device(device)
+        if device.name in seen:
+            raise SliceValidationError(f"device {device.name}: name used twice in the pool")
+        seen.add(device.name)
+
+
+# -- building --------------------------------------------------------------------------------------------------
+def without_taints(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
+    """The fallback when taints cannot be published: devices tainted NoSchedule/NoExecute are left out."""
+    out = []
+    for d in devices:
+        if any(t.effect in ("NoSchedule", "NoExecute") for t in d.taints):
+            continue
+        out.append(SliceDevice(d.name, d.attributes, d.capacity, ()))
+    return out
+
+
+def build_slices(
+    driver: str,
+    node_name: str,
+    devices: Sequence[SliceDevice],
+    *,
+    generation: int = 1,
+    node_uid: str | None = None,
+    pool: str | None = None,
+) -> list[dict[str, Any]]:
+    """The ResourceSlice objects (as dicts) for one pool; no devices gives no slices.
+
+    The owner reference to the Node is included when ``node_uid`` is known.
+    """
+    if not devices:
+        return []
+    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if any(d.taints for d in devices) else MAX_DEVICES_PER_SLICE
+    chunks = [devices[i:i + size] for i in range(0, len(devices), size)]
+    metadata: dict[str, Any] = {"generateName": f"{node_name}-{driver}-"}
+    if node_uid:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}]
+    return [{
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": dict(metadata),
+        "spec": {
+            "driver": driver,
+            "pool": {"name": pool or node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+            "nodeName": node_name,
+            "devices": [d.to_api() for d in chunk],
+        },
+    } for chunk in chunks]
+
+
+def _canonical_quantity(value: Any) -> str:
+    text = value.get("value") if isinstance(value, dict) else value
+    try:
+        return str(quantity_value(str(text)).normalize())
+    except ValueError:
+        return str(text)
+
+
+def spec_key(spec: Mapping[str, Any]) -> str:
+    """A canonical fingerprint of a slice spec, ignoring the pool generation, taint timestamps and quantity
+    spelling (``96Gi`` equals ``103079215104``), so a slice read back compares equal to the one sent."""
+    devices = []
+    for d in spec.get("devices") or []:
+        taints = sorted((t.get("key", ""), t.get("value") or "", t.get("effect", "")) for t in d.get("taints") or [])
+        devices.append({
+            "name": d.get("name"),
+            "attributes": {k: v for k, v in sorted((d.get("attributes") or {}).items())},
+            "capacity": {k: _canonical_quantity(v) for k, v in sorted((d.get("capacity") or {}).items())},
+            "taints": taints,
+        })
+    devices.sort(key=lambda x: str(x["name"]))
+    pool = spec.get("pool") or {}
+    return json.dumps({
+        "driver": spec.get("driver"), "pool": pool.get("name"), "count": pool.get("resourceSliceCount"),
+        "nodeName": spec.get("nodeName"), "devices": devices,
+    }, sort_keys=True)
+
+
+def _has_taints(spec: Mapping[str, Any]) -> bool:
+    return any(d.get("taints") for d in spec.get("devices") or [])
+
+
+def _rv_newer(new: str | None, old: str | None) -> bool:
+    """True unless ``new`` is provably older than ``old`` (resource versions compare as integers in practice)."""
+    try:
+        return int(new or 0) >= int(old or 0)
+    except ValueError:
+        return True
+
+
+# -- publishing ------------------------------------------------------------------------------------------------
+class PublisherMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        reg = registry if registry is not None else CollectorRegistry()
+        self.writes = Counter("accel_dra_resourceslice_writes_total", "ResourceSlice writes, by operation",
+                              ["driver", "operation"], registry=reg)
+        self.errors = Counter("accel_dra_resourceslice_sync_errors_total",
+                              "Failed ResourceSlice syncs (API server away, conflicts, rejected writes)",
+                              ["driver"], registry=reg)
+        self.slices = Gauge("accel_dra_resourceslices_published", "ResourceSlices this driver holds for its pool",
+                            ["driver"], registry=reg)
+        self.devices = Gauge("accel_dra_resourceslice_devices_published", "Devices in the published pool",
+                             ["driver"], registry=reg)
+        self.generation = Gauge("accel_dra_resourceslice_pool_generation", "Generation of the published pool",
+                                ["driver"], registry=reg)
+
+
+class SlicePublisher:
+    """Keeps the ResourceSlices of ``node_name``'s pool for ``driver`` equal to the devices it is given."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        driver: str,
+        node_name: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.driver = driver
+        self.node_name = node_name
+        self.metrics = PublisherMetrics(registry)
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.writes = 0
+        #: None until a write with taints shows whether the API server keeps them.
+        self.taints_supported: bool | None = None
+        #: Set whenever the server holds exactly the current device list.
+        self.published = asyncio.Event()
+        self._desired: list[SliceDevice] | None = None
+        self._node_uid: str | None = None
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._accepted: dict[str, str] = {}  # server's version of a spec -> the spec we sent
+        self._wake = asyncio.Event()
+        self._failures = 0
+        self._generation = 0
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return {"spec.nodeName": self.node_name, "spec.driver": self.driver}
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def set_devices(self, devices: Sequence[SliceDevice]) -> None:
+        """The pool's complete device list (empty: publish no slices). Raises SliceValidationError."""
+        devices = list(devices)
+        validate_devices(devices)
+        if devices == self._desired:
+            return
+        self._desired = devices
+        self.published.clear()
+        self._wake.set()
+
+    def current_slices(self) -> list[dict[str, Any]]:
+        """The slices the server held at the last sync (a copy of the publisher's view)."""
+        return [json.loads(json.dumps(o)) for o in self._cache.values()]
+
+    # -- loop ------------------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync until ``stop`` is set; never raises for API errors (logs them and retries with backoff)."""
+        backoff = self.backoff_initial
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.errors.labels(self.driver).inc()
+                self._failures += 1
+                level = logging.WARNING if self._failures in (1, 5) or self._failures % 50 == 0 else logging.DEBUG
+                log.log(level, "ResourceSlice sync failed; retrying", extra=kv(
+                    driver=self.driver, node=self.node_name, error=_describe(exc), retry_in=round(backoff, 2),
+                    failures=self._failures))
+                if self._failures == 1:
+                    backoff = self.backoff_initial
+                delay = 0.05 if _is_conflict(exc) else backoff * (0.8 + 0.4 * random.random())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                backoff = min(backoff * 2, self.backoff_max)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        if self._node_uid is None:
+            node = await self.client.get(Node, self.node_name)
+            self._node_uid = node.metadata.uid if node.metadata else None
+        listing = self.client.list(ResourceSlice, fields=self.fields)
+        items = [obj.to_dict() async for obj in listing]
+        self._cache = {o["metadata"]["name"]: o for o in items}
+        try:
+            resource_version: str | None = listing.resourceVersion
+        except NotReadyError:
+            resource_version = None
+        await self._reconcile()
+        if self._failures:
+            log.info("ResourceSlice sync recovered", extra=kv(driver=self.driver, failures=self._failures))
+        self._failures = 0
+        watch = asyncio.create_task(self._watch(resource_version))
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                waker = asyncio.create_task(self._wake.wait())
+                done, _ = await asyncio.wait({waker, stopper, watch}, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                if watch in done:
+                    watch.result()
+                    raise ConnectionError("ResourceSlice watch ended")
+                if stopper in done:
+                    return
+                self._wake.clear()
+                await self._reconcile()
+        finally:
+            for task in (watch, stopper):
+                task.cancel()
+            for task in (watch, stopper):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _watch(self, resource_version: str | None) -> None:
+        async for event, obj in self.client.watch(ResourceSlice, fields=self.fields,
+                                                  resource_version=resource_version):
+            data = obj.to_dict()
+            name = data.get("metadata", {}).get("name")
+            if not name:
+                continue
+            if event == "DELETED":
+                self._cache.pop(name, None)
+            elif _rv_newer(data["metadata"].get("resourceVersion"),
+                           self._cache.get(name, {}).get("metadata", {}).get("resourceVersion")):
+                self._cache[name] = data
+            self._wake.set()
+
+    # -- reconcile ---------------------------------------------------------------------------------------------
+    def _wanted_devices(self) -> list[SliceDevice]:
+        assert self._desired is not None
+        return self._desired if self.taints_supported is not False else without_taints(self._desired)
+
+    def _in_sync(self, wanted: list[dict[str, Any]]) -> bool:
+        current = list(self._cache.values())
+        if len(current) != len(wanted):
+            return False
+        generations = {o["spec"]["pool"].get("generation", 0) for o in current}
+        if len(generations) > 1:
+            return False
+        have = collections.Counter(self._accepted.get(k, k) for k in (spec_key(o["spec"]) for o in current))
+        return have == collections.Counter(spec_key(w["spec"]) for w in wanted)
+
+    async def _reconcile(self) -> None:
+        if self._desired is None:
+            return  # the driver has not said what it has yet: never publish a partial pool
+        devices = self._wanted_devices()
+        wanted = build_slices(self.driver, self.node_name, devices, node_uid=self._node_uid)
+        self._generation = max([self._generation, *(o["spec"]["pool"].get("generation", 0)
+                                                    for o in self._cache.values())])
+        if not self._in_sync(wanted):
+            await self._write(wanted)
+        self.metrics.slices.labels(self.driver).set(len(self._cache))
+        self.metrics.devices.labels(self.driver).set(len(devices))
+        self.metrics.generation.labels(self.driver).set(self._generation)
+        self.published.set()
+
+    async def _write(self, wanted: list[dict[str, Any]]) -> None:
+        generation = self._generation + 1
+        existing = sorted(self._cache.values(), key=lambda o: str(o["metadata"]["name"]))
+        for i, obj in enumerate(wanted):
+            obj["spec"]["pool"]["generation"] = generation
+            if i < len(existing):
+                old = existing[i]["metadata"]
+                obj["metadata"] = {**obj["metadata"], "name": old["name"], "resourceVersion": old["resourceVersion"]}
+                obj["metadata"].pop("generateName", None)
+                result = await self.client.replace(_typed(obj))
+                self._count("update")
+            else:
+                result = await self.client.create(_typed(obj))
+                self._count("create")
+            got = result.to_dict()
+            self._cache[got["metadata"]["name"]] = got
+            self._check_dropped(obj["spec"], got["spec"])
+        for old_obj in existing[len(wanted):]:
+            name = old_obj["metadata"]["name"]
+            with contextlib.suppress(ApiError):  # already gone is fine
+                await self.client.delete(ResourceSlice, name)
+            self._count("delete")
+            self._cache.pop(name, None)
+        self._generation = generation
+        log.info("ResourceSlices published", extra=kv(
+            driver=self.driver, node=self.node_name, generation=generation, slices=len(wanted),
+            devices=sum(len(o["spec"]["devices"]) for o in wanted)))
+
+    def _check_dropped(self, sent: dict[str, Any], got: dict[str, Any]) -> None:
+        sent_key, got_key = spec_key(sent), spec_key(got)
+        if sent_key == got_key:
+            if _has_taints(sent):
+                self.taints_supported = True
+            return
+        if _has_taints(sent) and not _has_taints(got):
+            if self.taints_supported is not False:
+                log.warning("the API server dropped device taints (DRADeviceTaints off?); unhealthy devices are "
+                            "left out of the slice instead", extra=kv(driver=self.driver, node=self.node_name))
+            self.taints_supported = False
+            self._wake.set()
+            return
+        if got_key not in self._accepted:
+            log.warning("the API server changed the ResourceSlice we wrote (fields dropped?); accepting its version",
+                        extra=kv(driver=self.driver, slice=got.get("pool", {}).get("name")))
+        self._accepted[got_key] = sent_key
+
+    def _count(self, operation: str) -> None:
+        self.writes += 1
+        self.metrics.writes.labels(self.driver, operation).inc()
+
+    # -- removal ---------------------------------------------------------------------------------------------------
+    async def remove_all(self) -> int:
+        """Delete this driver's slices for this node (not other drivers' or nodes'); returns how many."""
+        names = [obj.metadata.name async for obj in self.client.list(ResourceSlice, fields=self.fields)
+                 if obj.metadata is not None and obj.metadata.name]
+        for name in names:
+            with contextlib.suppress(ApiError):
+                await self.client.delete(ResourceSlice, name)
+            self._count("delete")
+            self._cache.pop(name, None)
+        log.info("ResourceSlices removed", extra=kv(driver=self.driver, node=self.node_name, slices=len(names)))
+        return len(names)
+
+
+def _typed(obj: dict[str, Any]) -> ResourceSlice:
+    return cast(ResourceSlice, ResourceSlice.from_dict(obj))
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ApiError) and exc.status.code == 409
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiError):
+        return f"HTTP {exc.status.code}: {exc.status.message}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def device_names(slices: Iterable[Mapping[str, Any]]) -> list[str]:
+    """All device names in some slices (for tests and logs)."""
+    return sorted(d["name"] for s in slices for d in (s.get("spec", {}).get("devices") or []))

@@ -1,0 +1,96 @@
+"""What the driver publishes for each Neuron device: ResourceSlice attributes, capacity and health taints.
+
+One device per Neuron device (chip), named ``neuron-device-<i>``. Unqualified attribute names belong to the
+driver's domain (CEL ``device.attributes['neuron.aws.com'].deviceId``):
+
+- ``deviceId`` (int), ``instanceType``, ``neuronDriverVersion`` (when known), ``draDriverVersion`` (version),
+  ``resourceType`` = ``neuron_device``, ``deviceName`` (``Trainium2``), ``numaNode`` (int, when known);
+- on the 4x4 torus: ``topology_x`` (row), ``topology_y`` (column), ``topology4_id`` (row id, ``i // 4``),
+  ``topology8_id`` (two-row id, ``i // 8``);
+- on EFA-enabled instance types: ``resource.aws.com/devicegroup{1,4,8,16}_id`` (see :mod:`neuron_dra.devicegroups`);
+- ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID`` when the PCI function is known.
+
+Capacity: ``memory`` (device HBM, bytes) and ``cores`` (physical NeuronCores).
+An unhealthy device keeps its entry and gets the taint ``neuron.aws.com/unhealthy=<Reason>:NoSchedule``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from accel_core.dra.slices import AttributeValue, SliceDevice, Taint, Version
+from neuron_dra.devicegroups import neuron_device_group_ids
+from neuron_dra.discovery import NeuronDevice, NeuronInventory
+from neuron_dra.dra.health import DeviceCondition
+
+DRIVER_NAME = "neuron.aws.com"
+DEVICE_PREFIX = "neuron-device-"
+RESOURCE_TYPE = "neuron_device"
+UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+
+def device_name(index: int) -> str:
+    return f"{DEVICE_PREFIX}{index}"
+
+
+def device_index(name: str) -> int | None:
+    """``neuron-device-3`` -> 3; None for any other name."""
+    if not name.startswith(DEVICE_PREFIX):
+        return None
+    tail = name[len(DEVICE_PREFIX):]
+    return int(tail) if tail.isdigit() and str(int(tail)) == tail else None
+
+
+def device_attributes(inv: NeuronInventory, dev: NeuronDevice, dra_version: str) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {
+        "deviceId": dev.index,
+        "resourceType": RESOURCE_TYPE,
+        "draDriverVersion": Version(dra_version),
+    }
+    if inv.instance_type:
+        attrs["instanceType"] = inv.instance_type
+    if inv.driver_version:
+        attrs["neuronDriverVersion"] = inv.driver_version
+    if dev.device_name:
+        attrs["deviceName"] = dev.device_name
+    if dev.numa_node is not None and dev.numa_node >= 0:
+        attrs["numaNode"] = dev.numa_node
+    topo = inv.topology
+    if topo.kind == "torus4x4" and 0 <= dev.index < topo.device_count:
+        x, y = topo.coordinates(dev.index)
+        attrs["topology_x"] = x
+        attrs["topology_y"] = y
+        attrs["topology4_id"] = topo.group_id(dev.index, 4)
+        attrs["topology8_id"] = topo.group_id(dev.index, 8)
+    attrs.update(neuron_device_group_ids(inv.instance_type, dev.index))
+    if dev.pcie_root:
+        attrs[PCIE_ROOT] = dev.pcie_root
+    if dev.pci_address:
+        attrs[PCI_BUS_ID] = dev.pci_address
+    return attrs
+
+
+def device_capacity(dev: NeuronDevice) -> dict[str, int | str]:
+    cap: dict[str, int | str] = {}
+    if dev.memory_bytes > 0:
+        cap["memory"] = dev.memory_bytes
+    if dev.core_count > 0:
+        cap["cores"] = dev.core_count
+    return cap
+
+
+def slice_devices(
+    inv: NeuronInventory,
+    dra_version: str,
+    conditions: Mapping[int, DeviceCondition] | None = None,
+) -> list[SliceDevice]:
+    """The pool's devices in index order; unhealthy ones (per ``conditions``) carry the unhealthy taint."""
+    out = []
+    for dev in inv.devices:
+        cond = conditions.get(dev.index) if conditions else None
+        taints = (Taint(UNHEALTHY_TAINT_KEY, cond.reason, "NoSchedule"),) if cond and not cond.healthy else ()
+        out.append(SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version),
+                               device_capacity(dev), taints))
+    return out

@@ -1,0 +1,29 @@
+"""Neuron DRA driver metrics (on top of the generic DRA plugin's per-claim counts and latency histograms and the
+slice publisher's write counters, all in the same registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class DriverMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        reg = registry if registry is not None else CollectorRegistry()
+        self.prepared_claims = Gauge("neuron_dra_prepared_claims", "Claims prepared on this node", registry=reg)
+        self.prepared_devices = Gauge("neuron_dra_prepared_devices", "Neuron devices held by prepared claims",
+                                      registry=reg)
+        self.claim_errors = Counter("neuron_dra_claim_errors_total", "Prepare/unprepare failures, by operation",
+                                    ["operation"], registry=reg)
+        self.claim_read_seconds = Histogram(
+            "neuron_dra_claim_read_duration_seconds", "Time to read a claim from the API server during prepare",
+            registry=reg, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
+        self.prepare_local_seconds = Histogram(
+            "neuron_dra_prepare_local_duration_seconds",
+            "Prepare time without the API read (config, checkpoint, CDI spec)", registry=reg,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
+        self.devices = Gauge("neuron_dra_devices", "Neuron devices on this node", registry=reg)
+        self.device_healthy = Gauge("neuron_dra_device_healthy", "1 when the device is healthy, 0 otherwise",
+                                    ["device"], registry=reg)
+        self.cdi_specs_restored = Counter("neuron_dra_cdi_specs_restored_total",
+                                          "CDI specs re-created from the checkpoint (after a reboot or loss)",
+                                          registry=reg)

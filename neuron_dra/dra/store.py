@@ -1,0 +1,93 @@
+"""Prepared claims in memory, mirrored to an atomic checkpoint file on every change.
+
+Entries go through ``PrepareStarted`` (devices reserved, CDI spec maybe not written yet) to ``PrepareCompleted``.
+Both states reserve their devices: a crash in the middle of a prepare never frees a device that a container may
+already have been promised. The file carries the boot ID, so a restore can tell a restart from a reboot.
+
+A corrupt or unreadable checkpoint is not guessed around: :attr:`ClaimStore.error` is set, prepares fail with
+that message (fail closed), and unprepares still remove CDI specs (lenient).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from accel_core.dra.checkpoint import Checkpoint, CheckpointError, CheckpointFile
+from accel_core.logs import kv
+from neuron_dra.dra.prepared import PreparedClaim
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    claims: int
+    previous_boot_id: str
+    rebooted: bool
+
+
+class ClaimStore:
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.file = CheckpointFile(path)
+        self.boot_id = boot_id
+        self.error: str | None = None
+        self._claims: dict[str, PreparedClaim] = {}
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    def load(self) -> LoadResult:
+        """Read the checkpoint; on a bad file set :attr:`error` and start empty (prepares then refuse)."""
+        try:
+            checkpoint = self.file.load()
+            claims = {uid: PreparedClaim.from_json(uid, entry) for uid, entry in checkpoint.claims.items()}
+        except (CheckpointError, ValueError) as exc:
+            self.error = str(exc)
+            self._claims = {}
+            log.error("checkpoint unusable: prepares are refused until it is fixed or moved away",
+                      extra=kv(path=str(self.path), error=self.error))
+            return LoadResult(0, "", False)
+        self.error = None
+        self._claims = claims
+        rebooted = bool(checkpoint.boot_id) and bool(self.boot_id) and checkpoint.boot_id != self.boot_id
+        if checkpoint.boot_id != self.boot_id and claims:
+            self._save()  # record the current boot
+        return LoadResult(len(claims), checkpoint.boot_id, rebooted)
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        return self._claims.get(uid)
+
+    def claims(self) -> list[PreparedClaim]:
+        return list(self._claims.values())
+
+    def holder(self, index: int, *, other_than: str) -> PreparedClaim | None:
+        """The claim (other than ``other_than``) that holds device ``index``, if any."""
+        for uid, claim in self._claims.items():
+            if uid != other_than and index in claim.indices:
+                return claim
+        return None
+
+    def put(self, claim: PreparedClaim) -> None:
+        """Add or replace an entry and write the checkpoint (OSError propagates; the entry is rolled back)."""
+        previous = self._claims.get(claim.uid)
+        self._claims[claim.uid] = claim
+        try:
+            self._save()
+        except OSError:
+            if previous is None:
+                self._claims.pop(claim.uid, None)
+            else:
+                self._claims[claim.uid] = previous
+            raise
+
+    def remove(self, uid: str) -> PreparedClaim | None:
+        claim = self._claims.pop(uid, None)
+        if claim is not None:
+            self._save()
+        return claim
+
+    def _save(self) -> None:
+        self.file.save(Checkpoint(self.boot_id, {uid: c.to_json() for uid, c in self._claims.items()}))

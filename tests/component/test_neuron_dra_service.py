@@ -1,0 +1,249 @@
+"""The Neuron DRA driver service over real unix sockets, driven by the kubelet stand-in: registration, prepare and
+unprepare through the DRA socket, the health stream following the host, the liveness probe, the coexistence guard,
+and a restart that restores prepared claims."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
+from accel_core.fakehost import FakeHost, build_host
+from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
+from accel_core.paths import HostPaths
+from neuron_dra.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
+from neuron_dra.dra.service import NeuronDraService
+
+DRIVER = "neuron.aws.com"
+NODE = "node-a"
+
+
+class Reader:
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.claims.get((namespace, name))
+
+    def allocate(self, uid: str, name: str, indices: list[int], config: dict[str, Any] | None = None) -> None:
+        self.claims[("ns", name)] = {
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "neurons", "driver": DRIVER, "pool": NODE, "device": f"neuron-device-{i}"}
+                            for i in indices],
+                "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": config}}] if config
+                else [],
+            }}},
+        }
+
+
+class Rig:
+    def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
+        self.host: FakeHost = build_host(root / "h", instance_type)
+        self.paths = HostPaths(host_root=root / "h", kubelet_root=root / "k", cdi_root=root / "cdi")
+        self.standin = KubeletStandIn(self.paths.kubelet_root)
+        self.standin.registry_dir.mkdir(parents=True, exist_ok=True)
+        self.reader = Reader()
+
+    @contextlib.asynccontextmanager
+    async def running(self, pod_uid: str = "pod-1", refresh: float = 20.0) -> AsyncIterator[NeuronDraService]:
+        service = NeuronDraService(self.paths, node_name=NODE, client=None, pod_uid=pod_uid, healthcheck_port=0,
+                                   rescan_interval=0.2, health_refresh_seconds=refresh)
+        service.driver.reader = self.reader
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            await asyncio.wait_for(service.ready.wait(), 10)
+            yield service
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+def _spec(paths: HostPaths, uid: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((paths.cdi_root / f"k8s.neuron.aws.com-claim_{uid}.json").read_text())
+    return data
+
+
+async def _check(port: int, service_name: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                   request_serializer=HealthCheckRequest.SerializeToString,
+                                   response_deserializer=HealthCheckResponse.FromString)
+        resp = await call(HealthCheckRequest(service=service_name), timeout=5)
+        return int(resp.status)
+
+
+def test_prepare_and_unprepare_through_the_dra_socket(short_tmp: Path) -> None:
+    rig = Rig(short_tmp)
+
+    async def scenario() -> None:
+        async with rig.running() as service:
+            conn = await rig.standin.register_dra(DRIVER)
+            assert conn.version == "v1.DRAPlugin"
+            rig.reader.allocate("u-row", "row", [4, 5, 6, 7])
+            rig.reader.allocate("u-lnc", "lnc", list(range(8, 16)),
+                                {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1})
+            rig.reader.allocate("u-bad", "bad", [0], {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig",
+                                                       "logicalNeuronCore": 3})
+            resp: Any = await conn.prepare(("ns", "u-row", "row"), ("ns", "u-lnc", "lnc"), ("ns", "u-bad", "bad"))
+            assert resp["u-row"].error == ""
+            assert [d.device_name for d in resp["u-row"].devices] == [f"neuron-device-{i}" for i in (4, 5, 6, 7)]
+            assert list(resp["u-row"].devices[0].cdi_device_ids) == [
+                "k8s.neuron.aws.com/claim=u-row-neuron-device-4", "k8s.neuron.aws.com/claim=u-row-request-neurons"]
+            assert "logicalNeuronCore must be 1 or 2, got 3" in resp["u-bad"].error
+            assert "ns/bad" in resp["u-bad"].error
+            env = [e for d in _spec(rig.paths, "u-lnc")["devices"] for e in d["containerEdits"].get("env", [])]
+            assert sorted(env) == ["NEURON_LOGICAL_NC_CONFIG=1", "NEURON_RT_VISIBLE_CORES=0-63"]
+            # the same claims again over the older API version: same answer
+            again: Any = await conn.prepare(("ns", "u-row", "row"), version="v1beta1.DRAPlugin")
+            assert [list(d.cdi_device_ids) for d in again["u-row"].devices] == [
+                list(d.cdi_device_ids) for d in resp["u-row"].devices]
+            metric = service.registry.get_sample_value
+            assert metric("neuron_dra_prepared_claims") == 2 and metric("neuron_dra_prepared_devices") == 12
+            assert metric("accel_dra_claim_operations_total",
+                          {"driver": DRIVER, "operation": "prepare", "result": "error"}) == 1
+            assert metric("neuron_dra_claim_read_duration_seconds_count") == 3
+            # a claim overlapping a prepared one is refused, naming the device
+            rig.reader.allocate("u-dup", "dup", [7])
+            dup: Any = await conn.prepare(("ns", "u-dup", "dup"))
+            assert "neuron-device-7 is already prepared for claim ns/row" in dup["u-dup"].error
+            # unprepare: the claim is already gone from the API server
+            rig.reader.claims.clear()
+            un: Any = await conn.unprepare(("ns", "u-row", "row"), ("ns", "u-lnc", "lnc"), ("ns", "u-x", "x"))
+            assert {k: v.error for k, v in un.items()} == {"u-row": "", "u-lnc": "", "u-x": ""}
+            assert list(rig.paths.cdi_root.iterdir()) == []
+            assert service.store.claims() == []
+            assert metric("neuron_dra_prepared_devices") == 0
+            await conn.close()
+        assert socket_files(rig.standin.registry_dir) == [], "sockets removed on stop"
+
+    asyncio.run(scenario())
+
+
+async def _next(stream: Any, check: Any, what: str) -> Any:
+    """Read health messages until one satisfies ``check`` (periodic refreshes may come in between)."""
+    async def loop() -> Any:
+        while True:
+            msg = await stream.read()
+            assert len(msg.devices) == 16, "each message is the complete list"
+            states = {d.device.device_name: d for d in msg.devices}
+            if check(states):
+                return states
+    try:
+        return await asyncio.wait_for(loop(), 5)
+    except TimeoutError as exc:
+        raise AssertionError(f"no health message with {what}") from exc
+
+
+def test_health_stream_follows_the_host(short_tmp: Path) -> None:
+    rig = Rig(short_tmp, "trn1.32xlarge")
+
+    async def scenario() -> None:
+        async with rig.running(refresh=0.5) as service:
+            slot = service.inventory.device(3)
+            conn = await rig.standin.register_dra(DRIVER)
+            stream = conn.watch_health()
+            first = await _next(stream, lambda s: True, "any")
+            assert all(d.health == hp.HEALTHY for d in first.values())
+            assert {d.device.pool_name for d in first.values()} == {NODE}
+            assert {d.health_check_timeout_seconds for d in first.values()} == {60}
+            # nothing changes: the full list is still re-sent before the kubelet's timeout runs out
+            await _next(stream, lambda s: all(d.health == hp.HEALTHY for d in s.values()), "a periodic refresh")
+            rig.host.remove_neuron(3)
+            gone = await _next(stream, lambda s: s["neuron-device-3"].health == hp.UNHEALTHY, "device 3 unhealthy")
+            assert "neuron3" in gone["neuron-device-3"].message
+            assert gone["neuron-device-4"].health == hp.HEALTHY
+            vanished = service.inventory.device(3)
+            assert not vanished.present
+            assert (vanished.pci_address, vanished.pcie_root, vanished.numa_node) == (
+                slot.pci_address, slot.pcie_root, slot.numa_node), "a vanished device keeps its slot attributes"
+            rig.host.restore_neuron(3)
+            rig.host.set_neuron_counter(9, "stats/hardware/sram_ecc_uncorrected/total", 1)
+            healed = await _next(stream, lambda s: s["neuron-device-3"].health == hp.HEALTHY
+                                 and s["neuron-device-9"].health == hp.UNHEALTHY, "device 3 back, 9 broken")
+            assert "uncorrected" in healed["neuron-device-9"].message
+            stream.cancel()
+            await conn.close()
+
+    asyncio.run(scenario())
+
+
+def test_liveness_probe_checks_the_driver_sockets(short_tmp: Path) -> None:
+    rig = Rig(short_tmp, "inf2.xlarge")
+
+    async def scenario() -> None:
+        async with rig.running() as service:
+            assert service.liveness is not None and service.liveness.port
+            port = service.liveness.port
+            assert await _check(port, "liveness") == SERVING
+            assert await _check(port, "") == SERVING
+            try:
+                await _check(port, "other")
+                raise AssertionError("an unknown service must be NOT_FOUND")
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND
+            service.plugin.dra_socket.unlink()  # the kubelet could no longer reach us
+            assert await _check(port, "liveness") == NOT_SERVING
+
+    asyncio.run(scenario())
+
+
+def test_guard_refuses_while_the_device_plugin_runs(short_tmp: Path) -> None:
+    rig = Rig(short_tmp, "inf2.xlarge")
+    plugins = rig.paths.device_plugins_dir
+    plugins.mkdir(parents=True)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(plugins / "neuron-devplugin.sock"))
+
+    async def scenario() -> None:
+        async with rig.running() as service:
+            assert service.blocked() is not None and "neuron-devplugin.sock" in str(service.blocked())
+            conn = await rig.standin.register_dra(DRIVER)
+            rig.reader.allocate("u-1", "c1", [0])
+            resp: Any = await conn.prepare(("ns", "u-1", "c1"))
+            assert "Neuron device plugin is running" in resp["u-1"].error
+            sock.close()
+            (plugins / "neuron-devplugin.sock").unlink()
+            ok: Any = await conn.prepare(("ns", "u-1", "c1"))
+            assert ok["u-1"].error == ""
+            await conn.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sock.close()
+
+
+def test_restart_restores_claims_and_lost_specs(short_tmp: Path) -> None:
+    rig = Rig(short_tmp, "trn1.32xlarge")
+
+    async def scenario() -> None:
+        async with rig.running(pod_uid="pod-1"):
+            conn = await rig.standin.register_dra(DRIVER)
+            rig.reader.allocate("u-1", "c1", [0, 1, 2, 3])
+            first: Any = await conn.prepare(("ns", "u-1", "c1"))
+            assert first["u-1"].error == ""
+            await conn.close()
+        (rig.paths.cdi_root / "k8s.neuron.aws.com-claim_u-1.json").unlink()  # the node rebooted: /var/run is empty
+        rig.host.set_boot_id("00000000-1111-2222-3333-444444444444")
+        rig.reader.claims.clear()  # and nothing may be read again
+        async with rig.running(pod_uid="pod-2") as service:
+            assert [c.uid for c in service.store.claims()] == ["u-1"]
+            spec = _spec(rig.paths, "u-1")
+            assert [n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])] == [
+                f"/dev/neuron{i}" for i in range(4)]
+            conn = await rig.standin.register_dra(DRIVER)
+            again: Any = await conn.prepare(("ns", "u-1", "c1"))
+            assert [list(d.cdi_device_ids) for d in again["u-1"].devices] == [
+                list(d.cdi_device_ids) for d in first["u-1"].devices]
+            await conn.close()
+
+    asyncio.run(scenario())

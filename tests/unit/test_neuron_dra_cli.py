@@ -1,0 +1,46 @@
+"""``neuron-dra-driver slices``: the ResourceSlices serve would publish, printed without an API server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accel_core.fakehost import build_host
+from neuron_dra.dra.cli import main
+
+
+def test_slices_prints_the_pool_as_yaml_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    host = build_host(tmp_path / "host", "trn1.32xlarge")
+    host.remove_dev_node("/dev/neuron2")
+    assert main(["slices", "--host-root", str(tmp_path / "host"), "--node-name", "n1", "--output", "yaml"]) == 0
+    [obj] = yaml.safe_load(capsys.readouterr().out)
+    assert obj["apiVersion"] == "resource.k8s.io/v1" and obj["kind"] == "ResourceSlice"
+    assert obj["metadata"] == {"generateName": "n1-neuron.aws.com-"}
+    assert obj["spec"]["driver"] == "neuron.aws.com" and obj["spec"]["nodeName"] == "n1"
+    assert obj["spec"]["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
+    devices = {d["name"]: d for d in obj["spec"]["devices"]}
+    assert len(devices) == 16
+    assert devices["neuron-device-2"]["taints"] == [
+        {"key": "neuron.aws.com/unhealthy", "value": "DevNodeMissing", "effect": "NoSchedule"}]
+    assert devices["neuron-device-0"]["capacity"] == {"cores": {"value": "2"}, "memory": {"value": "32Gi"}}
+
+    assert main(["slices", "--host-root", str(tmp_path / "host"), "--node-name", "n1", "--node-uid", "uid-7"]) == 0
+    [as_json] = json.loads(capsys.readouterr().out)
+    assert as_json["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-7", "controller": True}]
+    assert as_json["spec"] == obj["spec"]
+
+
+def test_no_hardware_prints_no_slices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build_host(tmp_path / "host", "c5.large")
+    assert main(["slices", "--host-root", str(tmp_path / "host"), "--node-name", "n1"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_node_name_is_required(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["slices", "--host-root", "/nonexistent"]) == 2
+    assert "--node-name" in capsys.readouterr().err

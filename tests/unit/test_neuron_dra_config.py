@@ -1,0 +1,69 @@
+"""Strict decoding of NeuronConfig opaque parameters and class/claim precedence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from neuron_dra.dra.config import ConfigError, NeuronConfig, OpaqueEntry, configs_for_requests, decode_parameters
+
+GOOD = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}
+
+
+def entry(source: str, params: Any, requests: tuple[str, ...] = (), driver: str = "neuron.aws.com") -> OpaqueEntry:
+    return OpaqueEntry.from_api({"source": source, "requests": list(requests),
+                                 "opaque": {"driver": driver, "parameters": params}})
+
+
+def test_good_config_in_every_encoding() -> None:
+    assert decode_parameters(GOOD, "x") == NeuronConfig(1)
+    assert decode_parameters('{"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig"}', "x") == NeuronConfig()
+    assert decode_parameters(b'{"apiVersion":"neuron.aws.com/v1","kind":"NeuronConfig","logicalNeuronCore":2}',
+                             "x") == NeuronConfig(2)
+
+
+@pytest.mark.parametrize(("params", "pattern"), [
+    ({**GOOD, "colour": "red"}, r"strict decoding error: unknown field 'colour'"),
+    ({**GOOD, "logicalNeuronCores": 1}, r"unknown field 'logicalNeuronCores'"),
+    ({**GOOD, "kind": "GpuConfig"}, r"kind 'GpuConfig' is not supported; use 'NeuronConfig'"),
+    ({**GOOD, "kind": "UltraServerConfig"}, r"UltraServer configuration is not supported"),
+    ({**GOOD, "apiVersion": "neuron.aws.com/v1alphav1"}, r"apiVersion 'neuron.aws.com/v1alphav1' is not supported"),
+    ({"kind": "NeuronConfig"}, r"apiVersion None"),
+    ({**GOOD, "logicalNeuronCore": 4}, r"logicalNeuronCore must be 1 or 2, got 4"),
+    ({**GOOD, "logicalNeuronCore": "1"}, r"logicalNeuronCore must be 1 or 2, got '1'"),
+    ({**GOOD, "logicalNeuronCore": True}, r"logicalNeuronCore must be 1 or 2, got True"),
+    ([1, 2], r"parameters must be an object"),
+    ("{not json", r"not valid JSON"),
+])
+def test_bad_configs_name_the_problem(params: Any, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        decode_parameters(params, "config[0]")
+
+
+def test_claim_configs_win_over_class_configs_whatever_the_order() -> None:
+    entries = [
+        entry("FromClaim", {**GOOD, "logicalNeuronCore": 1}),
+        entry("FromClass", {**GOOD, "logicalNeuronCore": 2}),
+    ]
+    assert configs_for_requests(entries, ["neurons"]) == {"neurons": NeuronConfig(1)}
+    # within one source the later entry wins; a config without the field keeps the earlier value
+    entries = [entry("FromClaim", {**GOOD, "logicalNeuronCore": 2}),
+               entry("FromClaim", {**GOOD, "logicalNeuronCore": 1}),
+               entry("FromClaim", {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig"})]
+    assert configs_for_requests(entries, ["r"])["r"] == NeuronConfig(1)
+
+
+def test_request_scoping_and_other_drivers() -> None:
+    entries = [
+        entry("FromClaim", {**GOOD, "logicalNeuronCore": 1}, requests=("a",)),
+        entry("FromClaim", {"anything": "goes"}, driver="efa.networking.k8s.aws"),
+    ]
+    out = configs_for_requests(entries, ["a", "b", "a/sub"])
+    assert out == {"a": NeuronConfig(1), "b": NeuronConfig(), "a/sub": NeuronConfig(1)}
+
+
+def test_error_names_the_position_and_source() -> None:
+    entries = [entry("FromClass", GOOD), entry("FromClaim", {**GOOD, "extra": 1}, requests=("neurons",))]
+    with pytest.raises(ConfigError, match=r"config\[1\] \(FromClaim, requests neurons\).*unknown field 'extra'"):
+        configs_for_requests(entries, ["other"])  # decoded even though it does not apply: strict

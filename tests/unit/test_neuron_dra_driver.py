@@ -1,0 +1,261 @@
+"""The Neuron DRA handler without sockets: prepare/unprepare, CDI contents, idempotency, conflicts, checkpoint
+restore after a restart or a reboot, and fail-closed behaviour on a corrupt checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accel_core.dra.cdi import CdiError, CdiSpecWriter
+from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.types import ClaimError, ClaimRef
+from accel_core.fakehost import FakeHost, build_host
+from accel_core.paths import HostPaths
+from neuron_dra.discovery import NeuronInventory, discover
+from neuron_dra.dra.driver import CDI_CLASS, CDI_VENDOR, NeuronDriver
+from neuron_dra.dra.health import assess
+from neuron_dra.dra.prepared import STATE_COMPLETED, STATE_STARTED
+from neuron_dra.dra.store import ClaimStore
+
+NODE = "node-a"
+LNC1 = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}
+
+
+def make_claim(uid: str, devices: list[int], *, name: str | None = None, request: str = "neurons",
+               configs: list[dict[str, Any]] | None = None, pool: str = NODE) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ns", "name": name or f"claim-{uid}", "uid": uid},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": request, "driver": "neuron.aws.com", "pool": pool, "device": f"neuron-device-{i}"}
+                        for i in devices],
+            "config": configs or [],
+        }}},
+    }
+
+
+class FakeReader:
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+
+    def add(self, claim: dict[str, Any]) -> ClaimRef:
+        meta = claim["metadata"]
+        self.claims[(meta["namespace"], meta["name"])] = claim
+        return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        self.reads += 1
+        return self.claims.get((namespace, name))
+
+
+class Rig:
+    """A fake host plus a driver wired to it; ``restart()`` builds a new driver on the same files."""
+
+    def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
+        self.host: FakeHost = build_host(root / "host", instance_type)
+        self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi")
+        self.reader = FakeReader()
+        self.inventory: NeuronInventory = discover(self.paths)
+        self.restart()
+
+    def restart(self) -> None:
+        self.store = ClaimStore(self.paths.plugins_data_dir / "neuron.aws.com" / "checkpoint.json",
+                                read_boot_id(self.paths.host_root))
+        self.loaded = self.store.load()
+        self.cdi = CdiSpecWriter(self.paths.cdi_root, CDI_VENDOR, CDI_CLASS)
+        self.driver = NeuronDriver(node_name=NODE, reader=self.reader, cdi=self.cdi, store=self.store,
+                                   inventory=lambda: self.inventory)
+        self.restored = self.driver.restore()
+
+    def prepare(self, ref: ClaimRef) -> Any:
+        return asyncio.run(self.driver.prepare(ref))
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        asyncio.run(self.driver.unprepare(ref))
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        data = self.cdi.read(uid)
+        assert data is not None, f"no CDI spec for {uid}"
+        return data
+
+
+def _device_nodes(spec: dict[str, Any]) -> list[str]:
+    return [n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
+
+
+def _env(spec: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for d in spec["devices"] for e in d["containerEdits"].get("env", []))
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+def test_prepare_all_devices_writes_cdi_spec(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-all", list(range(16))))
+    devices = rig.prepare(ref)
+    assert [d.device for d in devices] == [f"neuron-device-{i}" for i in range(16)]
+    assert all(d.pool == NODE and d.request_names == ("neurons",) for d in devices)
+    assert devices[0].cdi_device_ids == ("k8s.neuron.aws.com/claim=u-all-neuron-device-0",
+                                         "k8s.neuron.aws.com/claim=u-all-request-neurons")
+    assert devices[1].cdi_device_ids == ("k8s.neuron.aws.com/claim=u-all-neuron-device-1",)
+    spec = rig.spec("u-all")
+    assert spec["kind"] == "k8s.neuron.aws.com/claim"
+    assert rig.cdi.spec_path("u-all").name == "k8s.neuron.aws.com-claim_u-all.json"
+    assert _device_nodes(spec) == [f"/dev/neuron{i}" for i in range(16)]
+    assert _env(spec) == {"NEURON_RT_VISIBLE_CORES": "0-63"}  # trn2 default LNC 2: 4 logical cores per device
+    assert rig.store.get("u-all").state == STATE_COMPLETED  # type: ignore[union-attr]
+
+
+def test_lnc_1_claim_and_a_torus_row(rig: Rig) -> None:
+    lnc1 = rig.reader.add(make_claim("u-lnc", list(range(16)), configs=[
+        {"source": "FromClaim", "requests": ["neurons"], "opaque": {"driver": "neuron.aws.com", "parameters": LNC1}}]))
+    rig.prepare(lnc1)
+    assert _env(rig.spec("u-lnc")) == {"NEURON_RT_VISIBLE_CORES": "0-127", "NEURON_LOGICAL_NC_CONFIG": "1"}
+    rig.unprepare(lnc1)
+    row = rig.reader.add(make_claim("u-row", [4, 5, 6, 7]))
+    rig.prepare(row)
+    spec = rig.spec("u-row")
+    assert _device_nodes(spec) == ["/dev/neuron4", "/dev/neuron5", "/dev/neuron6", "/dev/neuron7"]
+    # the container sees only /dev/neuron4-7, so its runtime numbers their cores from 0
+    assert _env(spec) == {"NEURON_RT_VISIBLE_CORES": "0-15"}
+
+
+def test_prepare_is_idempotent_and_refuses_devices_of_another_claim(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-1", [0, 1, 2, 3]))
+    first = rig.prepare(ref)
+    again = rig.prepare(ref)
+    assert first == again
+    assert rig.reader.reads == 1, "a prepared claim is answered from the checkpoint"
+    other = rig.reader.add(make_claim("u-2", [3, 4], name="other"))
+    with pytest.raises(ClaimError, match=r"neuron-device-3 is already prepared for claim ns/claim-u-1 \(uid u-1\)"):
+        rig.prepare(other)
+    assert rig.store.get("u-2") is None and not rig.cdi.exists("u-2")
+    rig.unprepare(ref)
+    assert rig.prepare(other)[0].device == "neuron-device-3"
+
+
+def test_unprepare_is_idempotent_and_needs_no_api(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-1", [0]))
+    rig.prepare(ref)
+    rig.reader.claims.clear()  # the claim is deleted from the API server
+    reads = rig.reader.reads
+    rig.unprepare(ref)
+    rig.unprepare(ref)
+    rig.unprepare(ClaimRef("ns", "never-seen", "ghost"))
+    assert rig.reader.reads == reads
+    assert not rig.cdi.exists("u-1") and rig.store.get("u-1") is None
+    assert json.loads(rig.store.path.read_text())["body"]["claims"] == {}
+
+
+def test_restart_restores_claims_and_recreates_missing_cdi_specs(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-1", [8, 9]))
+    before = rig.prepare(ref)
+    rig.cdi.remove("u-1")  # lost (e.g. /var/run cleared)
+    rig.restart()
+    assert rig.loaded.claims == 1 and not rig.loaded.rebooted
+    assert rig.restored == ["u-1"]
+    assert _device_nodes(rig.spec("u-1")) == ["/dev/neuron8", "/dev/neuron9"]
+    reads = rig.reader.reads
+    assert rig.prepare(ref) == before
+    assert rig.reader.reads == reads
+    # a prepared claim's spec lost while running is re-created by the next (idempotent) prepare
+    rig.cdi.remove("u-1")
+    rig.prepare(ref)
+    assert rig.cdi.exists("u-1")
+
+
+def test_reboot_is_detected_and_specs_recreated(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-1", [0]))
+    rig.prepare(ref)
+    rig.cdi.remove("u-1")
+    rig.host.set_boot_id("11111111-2222-3333-4444-555555555555")
+    rig.restart()
+    assert rig.loaded.rebooted
+    assert rig.restored == ["u-1"]
+    body = json.loads(rig.store.path.read_text())["body"]
+    assert body["bootId"] == "11111111-2222-3333-4444-555555555555"
+
+
+def test_interrupted_prepare_keeps_devices_reserved(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = rig.reader.add(make_claim("u-1", [2]))
+
+    def disk_full(*args: Any, **kwargs: Any) -> list[str]:
+        raise CdiError("cannot write CDI spec: No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(rig.cdi, "write", disk_full)
+        with pytest.raises(ClaimError, match="cannot record the prepared claim: .*No space left"):
+            rig.prepare(ref)
+    assert rig.store.get("u-1").state == STATE_STARTED  # type: ignore[union-attr]
+    rig.restart()  # as after a crash at that point
+    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    with pytest.raises(ClaimError, match="already prepared"):
+        rig.prepare(other)
+    rig.prepare(ref)  # the kubelet's retry completes it
+    assert rig.store.get("u-1").state == STATE_COMPLETED  # type: ignore[union-attr]
+    assert rig.cdi.exists("u-1")
+
+
+def test_corrupt_checkpoint_fails_closed_for_prepare_only(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-1", [0]))
+    rig.prepare(ref)
+    rig.store.path.write_text('{"checksum": "0", "body": {}}')
+    rig.restart()
+    assert rig.store.error and "checksum" in rig.store.error
+    new = rig.reader.add(make_claim("u-2", [5], name="new"))
+    with pytest.raises(ClaimError, match=r"checkpoint .*checkpoint.json is unusable"):
+        rig.prepare(new)
+    rig.unprepare(ref)  # lenient: removes the CDI spec, no error
+    assert not rig.cdi.exists("u-1")
+
+
+@pytest.mark.parametrize(("claim", "pattern"), [
+    (None, "does not exist"),
+    ({**make_claim("other-uid", [0]), "metadata": {"namespace": "ns", "name": "c", "uid": "other-uid"}},
+     "replaced: the API server has UID other-uid"),
+    ({"metadata": {"namespace": "ns", "name": "c", "uid": "u-x"}, "status": {}}, "not allocated"),
+    ({**make_claim("u-x", [0], pool="node-b"), "metadata": {"namespace": "ns", "name": "c", "uid": "u-x"}},
+     "no devices of neuron.aws.com in pool node-a .*neuron.aws.com/node-b"),
+    ({**make_claim("u-x", [16]), "metadata": {"namespace": "ns", "name": "c", "uid": "u-x"}},
+     "neuron-device-16 \\(request neurons\\) is not a Neuron device of this node"),
+    ({**make_claim("u-x", [0], configs=[{"source": "FromClaim", "opaque": {
+        "driver": "neuron.aws.com", "parameters": {**LNC1, "bogus": 1}}}]),
+      "metadata": {"namespace": "ns", "name": "c", "uid": "u-x"}}, "unknown field 'bogus'"),
+])
+def test_claim_errors(rig: Rig, claim: dict[str, Any] | None, pattern: str) -> None:
+    if claim is not None:
+        rig.reader.claims[("ns", "c")] = claim
+    with pytest.raises(ClaimError, match=pattern):
+        rig.prepare(ClaimRef("ns", "u-x", "c"))
+    assert rig.store.claims() == []
+
+
+def test_lnc_on_a_generation_without_lnc_is_an_error(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, "trn1.32xlarge")
+    ref = rig.reader.add(make_claim("u-1", [0], configs=[
+        {"source": "FromClaim", "opaque": {"driver": "neuron.aws.com", "parameters": LNC1}}]))
+    with pytest.raises(ClaimError, match=r"logicalNeuronCore: 1 is set, but trn1.32xlarge \(Trainium1\) has no"):
+        rig.prepare(ref)
+    plain = rig.reader.add(make_claim("u-2", [1, 2], name="plain"))
+    rig.prepare(plain)
+    assert _env(rig.spec("u-2")) == {"NEURON_RT_VISIBLE_CORES": "0-3"}  # trn1: 2 cores per device
+
+
+def test_missing_device_cannot_be_prepared_and_health_reports_it(rig: Rig) -> None:
+    rig.host.remove_neuron(6)
+    rig.inventory = discover(rig.paths)
+    rig.driver.set_conditions(assess(rig.inventory))
+    ref = rig.reader.add(make_claim("u-1", [6]))
+    with pytest.raises(ClaimError, match="neuron-device-6 .*not present"):
+        rig.prepare(ref)
+    reports = {r.device: r for r in rig.driver.health() or []}
+    assert len(reports) == 16
+    assert reports["neuron-device-6"].healthy is False and "neuron6" in reports["neuron-device-6"].message
+    assert reports["neuron-device-0"].healthy is True and reports["neuron-device-0"].pool == NODE
