@@ -204,8 +204,29 @@ def test_seed_dra_install_and_slices_limited_to_own_node(
         for name in admin_slices:
             with contextlib.suppress(ApiError):
                 kube_client.delete(ResourceSlice, name)
-        with contextlib.suppress(ApiError):
-            kube_client.delete(Namespace, DRA_NS)
+        remove_namespace(kube_client, DRA_NS, wait)
+
+
+def remove_namespace(kube_client: Client, namespace: str, wait: Wait) -> None:
+    """Delete a namespace and wait until it is gone, so later tests can create it again.
+
+    Without a kubelet, deleted pods on fake nodes stay Terminating and would hold the namespace forever, so they
+    are force-deleted (grace period 0) first.
+    """
+    with contextlib.suppress(ApiError):
+        for pod in kube_client.list(Pod, namespace=namespace):
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, pod.metadata.name, namespace=namespace, grace_period=0)
+        kube_client.delete(Namespace, namespace)
+
+    def gone() -> bool:
+        try:
+            kube_client.get(Namespace, namespace)
+        except ApiError as exc:
+            return exc.status.code == 404
+        return False
+
+    wait(gone, f"namespace {namespace} to be deleted")
 
 
 def refusal(action: Callable[[], object]) -> str:
