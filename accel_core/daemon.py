@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,10 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
             loop.add_signal_handler(sig, on_signal, sig)
         await main(stop)
 
+    # Everything imported and built so far lives for the whole run: keep the collector from re-scanning it, which
+    # otherwise shows up as millisecond pauses in RPC latency (p99) on a long-running daemon.
+    gc.collect()
+    gc.freeze()
     try:
         asyncio.run(runner())
     except KeyboardInterrupt:
