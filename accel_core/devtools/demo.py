@@ -19,13 +19,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import build_host
 
 BIN = Path(sys.executable).parent
+T = TypeVar("T")
 
 
 def _free_port() -> int:
@@ -161,26 +163,164 @@ def dra_section(work: Path) -> None:
     print("    " + json.dumps(devices[5], indent=2).replace("\n", "\n    "))
 
 
-async def main_async(work: Path) -> None:
+# The user's template from the AWS document (seed 001): four connected Neuron devices on a trn2.48xlarge.
+SEED_CLAIM = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: neuron.aws.com
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "neuron.aws.com"
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: 1x4-connected-neurons
+  namespace: default
+spec:
+  spec:
+    devices:
+      requests:
+      - name: neurons
+        exactly:
+          deviceClassName: neuron.aws.com
+          allocationMode: ExactCount
+          count: 4
+          selectors:
+          - cel:
+              expression: "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
+      constraints:
+      - requests: ["neurons"]
+        matchAttribute: "resource.aws.com/devicegroup4_id"
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: neuron-workload
+  namespace: default
+spec:
+  containers:
+  - name: app
+    image: public.ecr.aws/docker/library/busybox:latest
+    command: ["sleep", "infinity"]
+    resources:
+      claims:
+      - name: neurons
+  resourceClaims:
+  - name: neurons
+    resourceClaimTemplateName: 1x4-connected-neurons
+"""
+
+
+async def cluster_section(work: Path) -> None:
+    """The DRA driver against a real kube-apiserver, kube-scheduler and kube-controller-manager on loopback."""
+    from lightkube import Client, KubeConfig, codecs
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    from accel_core.devtools.controlplane import ControlPlane
+    from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
+
+    _title("Neuron DRA driver against the real control plane (kube-apiserver, scheduler, controller-manager)")
+    if missing_binaries(kube_bin_dir()):
+        print("  skipped: the Kubernetes binaries are not built yet; `make kube` builds them (once, ~12 min)")
+        return
+    node = "trn2-node-1"
+    host = build_host(work / "trn2-cluster-host", "trn2.48xlarge")
+    kubelet = KubeletStandIn(work / "trn2-cluster-kubelet")
+    kubelet.registry_dir.mkdir(parents=True, exist_ok=True)
+    with ControlPlane(work / "cluster") as cp:
+        print(f"  control plane up in {max(cp.startup_times.values()):.1f}s; kubeconfig {cp.admin_kubeconfig}")
+        cp.create_fake_node(node, labels={"node.kubernetes.io/instance-type": "trn2.48xlarge"})
+        client = Client(KubeConfig.from_file(cp.admin_kubeconfig))
+        async with daemon("neuron-dra-driver", "serve", "--host-root", str(host.root), "--kubelet-root",
+                          str(kubelet.root), "--cdi-root", str(work / "cdi"), "--node-name", node, "--kubeconfig",
+                          str(cp.admin_kubeconfig), "--metrics-port", "0", "--healthcheck-port", "-1",
+                          log=work / "dra.log"):
+            slices = await _poll(lambda: list(client.list(ResourceSlice)) or None, "ResourceSlices")
+            print(f"  driver published {len(slices)} ResourceSlice(s) with "
+                  f"{sum(len(s.spec.devices or []) for s in slices)} devices for node {node}")
+            await _poll(lambda: _default_sa(client), "the default ServiceAccount")
+            for obj in codecs.load_all_yaml(SEED_CLAIM):
+                client.create(obj)
+            print("  applied the AWS document's DeviceClass, ResourceClaimTemplate 1x4-connected-neurons and a Pod")
+
+            def allocated() -> ResourceClaim | None:
+                for claim in client.list(ResourceClaim, namespace="default"):
+                    if claim.status and claim.status.allocation:
+                        return claim
+                return None
+
+            claim: Any = await _poll(allocated, "the claim to be allocated by kube-scheduler")
+            results = claim.status.allocation.devices.results
+            pod: Any = await _poll(lambda: _bound(client.get(Pod, "neuron-workload", namespace="default")),
+                                   "the Pod to be bound")
+            print(f"  kube-scheduler allocated {[r.device for r in results]} and bound the Pod to "
+                  f"{pod.spec.nodeName}")
+            conn = await kubelet.register_dra("neuron.aws.com")
+            resp = await conn.prepare(("default", claim.metadata.uid, claim.metadata.name))
+            entry = resp[claim.metadata.uid]
+            ids = sorted({i for d in entry.devices for i in d.cdi_device_ids})  # type: ignore[attr-defined]
+            print(f"  NodePrepareResources ({conn.version}) -> CDI devices {ids}")
+            spec_file = next((work / "cdi").glob("*.json"))
+            env = [e for d in json.loads(spec_file.read_text())["devices"] for e in d["containerEdits"].get("env", [])]
+            print(f"  CDI spec {spec_file.name}: env {env}")
+            await conn.unprepare(("default", claim.metadata.uid, claim.metadata.name))
+            print(f"  NodeUnprepareResources -> CDI spec removed: {not spec_file.exists()}")
+            await conn.close()
+            subprocess.run([str(BIN / "neuron-dra-driver"), "remove-slices", "--node-name", node, "--kubeconfig",
+                            str(cp.admin_kubeconfig)], check=True, capture_output=True)
+
+
+def _default_sa(client: Any) -> bool:
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import ServiceAccount
+
+    try:
+        return bool(client.get(ServiceAccount, "default", namespace="default"))
+    except ApiError:
+        return False
+
+
+def _bound(pod: Any) -> Any:
+    return pod if pod.spec and pod.spec.nodeName else None
+
+
+async def _poll(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        await asyncio.sleep(0.3)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+async def main_async(work: Path, with_cluster: bool) -> None:
     await efa_section(work)
     await neuron_section(work)
     dra_section(work)
+    if with_cluster:
+        await cluster_section(work)
     _title("done")
-    print("  tests against the real kube-apiserver/scheduler/controller-manager: make test (tests/e2e)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accel-demo", description=__doc__)
     parser.add_argument("--workdir", help="keep fake hosts and logs here (default: a temp dir, removed at exit)")
+    parser.add_argument("--no-cluster", action="store_true",
+                        help="skip the section that runs the DRA driver against a real control plane")
     args = parser.parse_args(argv)
     if args.workdir:
         work = Path(args.workdir)
         work.mkdir(parents=True, exist_ok=True)
-        asyncio.run(main_async(work))
+        asyncio.run(main_async(work, not args.no_cluster))
         return 0
     with tempfile.TemporaryDirectory(prefix="accel-demo-", dir="/tmp") as tmp:
         os.chmod(tmp, 0o755)
-        asyncio.run(main_async(Path(tmp)))
+        asyncio.run(main_async(Path(tmp), not args.no_cluster))
     return 0
 
 
