@@ -184,8 +184,13 @@ class DevicePluginServer:
     # -- device list ---------------------------------------------------------------------------------------------
     async def refresh(self) -> bool:
         """Re-read the policy's device list; wake ListAndWatch streams if it changed. Returns True on change."""
-        blocked = self.policy.advertise_blocked()
-        devices = [] if blocked else list(self.policy.devices())
+        try:
+            blocked = self.policy.advertise_blocked()
+            devices = [] if blocked else list(self.policy.devices())
+        except Exception:  # a policy bug must not take the daemon down: keep the last good list
+            log.exception("reading the device list failed; keeping the previous one",
+                          extra=kv(resource=self.policy.resource_name))
+            return False
         if blocked:
             self._note(f"advertising nothing: {blocked}")
         if devices == self._devices:
@@ -234,7 +239,12 @@ class DevicePluginServer:
             stop_task = asyncio.create_task(stop.wait())
             try:
                 while not stop.is_set():
-                    await self._reconcile()
+                    try:
+                        await self._reconcile()
+                    except Exception:  # a daemon never dies for one bad round; the next wake-up retries
+                        log.exception("device plugin reconcile failed; retrying",
+                                      extra=kv(resource=self.policy.resource_name))
+                        await self._stop_server()
                     change = asyncio.create_task(watcher.next_change())
                     await asyncio.wait({change, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                     if not change.done():
@@ -289,8 +299,13 @@ class DevicePluginServer:
         self._server = server
         self._socket_id = _identity(self._socket)
         # prove we answer before telling the kubelet about us
-        async with grpc.aio.insecure_channel(f"unix://{self._socket}") as channel:
-            await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=REGISTER_TIMEOUT_S)
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{self._socket}") as channel:
+                await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=REGISTER_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            self._note(f"own socket {self._socket} does not answer ({exc.code().name}); serving again later")
+            await self._stop_server()
+            return
         log.info("serving device plugin", extra=kv(resource=self.policy.resource_name, socket=str(self._socket)))
 
     async def _stop_server(self) -> None:

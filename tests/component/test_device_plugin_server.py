@@ -175,3 +175,26 @@ def test_graceful_stop_removes_socket(short_tmp: Path) -> None:
             assert server.socket_path.exists()
         assert not server.socket_path.exists()
     run(scenario())
+
+
+def test_policy_errors_keep_the_last_list_and_the_server_alive(short_tmp: Path) -> None:
+    class Flaky(ListPolicy):
+        broken = False
+
+        def devices(self) -> Sequence[AdvertisedDevice]:
+            if self.broken:
+                raise OSError("sysfs went away mid-read")
+            return super().devices()
+
+    async def scenario() -> None:
+        policy = Flaky(2)
+        async with running(short_tmp, policy) as (standin, server):
+            await standin.wait_devices(RESOURCE, lambda d: len(d) == 2)
+            policy.broken = True
+            assert not await server.refresh()
+            assert [d.id for d in server.devices] == ["w0", "w1"]
+            policy.broken = False
+            policy.items.append(AdvertisedDevice("w2"))
+            assert await server.refresh()
+            await standin.wait_devices(RESOURCE, lambda d: len(d) == 3)
+    run(scenario())
