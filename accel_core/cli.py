@@ -25,18 +25,19 @@ def add_common_flags(parser: argparse.ArgumentParser, *, metrics_port: int) -> N
     parser.add_argument("--metrics-address", default=os.environ.get("METRICS_ADDRESS", "0.0.0.0"))
 
 
-def setup_from_args(args: argparse.Namespace) -> HostPaths:
-    """Configure logging and resolve paths from parsed common flags."""
+def setup_from_args(args: argparse.Namespace, *, serving: bool = True) -> HostPaths:
+    """Configure logging and resolve paths from parsed common flags (``serving=False`` for read-only commands)."""
     setup_logging(args.log_level, args.log_format)
     disable_created_metrics()  # no *_created series: they double every counter for no operator value
     paths = resolve_paths(args)
-    check_roots(paths)
+    check_roots(paths, kubelet=serving)
     return paths
 
 
-def check_roots(paths: HostPaths) -> None:
+def check_roots(paths: HostPaths, *, kubelet: bool = True) -> None:
     """One clear line for a host root or kubelet root that is missing or unreadable; the daemon carries on."""
-    for label, path in (("host root", paths.host_root), ("kubelet root", paths.kubelet_root)):
+    roots = [("host root", paths.host_root)] + ([("kubelet root", paths.kubelet_root)] if kubelet else [])
+    for label, path in roots:
         if not path.is_dir():
             log.error(f"{label} {path} does not exist or is not a directory; carrying on, nothing will be found "
                       "there until it appears", extra=kv(path=str(path)))

@@ -100,7 +100,7 @@ def inventory_table(inv: EfaInventory) -> str:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    paths = setup_from_args(args)
+    paths = setup_from_args(args, serving=False)
     inv = discover(paths)
     if args.output == "json":
         print(json.dumps(inventory_json(inv), indent=2))
