@@ -163,8 +163,8 @@ def dra_section(work: Path) -> None:
     print("    " + json.dumps(devices[5], indent=2).replace("\n", "\n    "))
 
 
-# The user's template from the AWS document (seed 001): four connected Neuron devices on a trn2.48xlarge.
-SEED_CLAIM = """
+# The user's objects from the AWS document: the DeviceClass the chart installs and the seed's 4-connected claim.
+DEVICE_CLASS = """
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
 metadata:
@@ -173,45 +173,8 @@ spec:
   selectors:
   - cel:
       expression: device.driver == "neuron.aws.com"
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: 1x4-connected-neurons
-  namespace: default
-spec:
-  spec:
-    devices:
-      requests:
-      - name: neurons
-        exactly:
-          deviceClassName: neuron.aws.com
-          allocationMode: ExactCount
-          count: 4
-          selectors:
-          - cel:
-              expression: "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
-      constraints:
-      - requests: ["neurons"]
-        matchAttribute: "resource.aws.com/devicegroup4_id"
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: neuron-workload
-  namespace: default
-spec:
-  containers:
-  - name: app
-    image: public.ecr.aws/docker/library/busybox:latest
-    command: ["sleep", "infinity"]
-    resources:
-      claims:
-      - name: neurons
-  resourceClaims:
-  - name: neurons
-    resourceClaimTemplateName: 1x4-connected-neurons
 """
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "neuron-dra" / "1x4-connected-neurons.yaml"
 
 
 async def cluster_section(work: Path) -> None:
@@ -226,6 +189,9 @@ async def cluster_section(work: Path) -> None:
     _title("Neuron DRA driver against the real control plane (kube-apiserver, scheduler, controller-manager)")
     if missing_binaries(kube_bin_dir()):
         print("  skipped: the Kubernetes binaries are not built yet; `make kube` builds them (once, ~12 min)")
+        return
+    if not EXAMPLE.is_file():
+        print(f"  skipped: {EXAMPLE} not found (run the demo from a checkout of the repository)")
         return
     node = "trn2-node-1"
     host = build_host(work / "trn2-cluster-host", "trn2.48xlarge")
@@ -243,9 +209,12 @@ async def cluster_section(work: Path) -> None:
             print(f"  driver published {len(slices)} ResourceSlice(s) with "
                   f"{sum(len(s.spec.devices or []) for s in slices)} devices for node {node}")
             await _poll(lambda: _default_sa(client), "the default ServiceAccount")
-            for obj in codecs.load_all_yaml(SEED_CLAIM):
+            for obj in codecs.load_all_yaml(DEVICE_CLASS + "---\n" + EXAMPLE.read_text()):
+                if obj.metadata and obj.kind != "DeviceClass":
+                    obj.metadata.namespace = "default"
                 client.create(obj)
-            print("  applied the AWS document's DeviceClass, ResourceClaimTemplate 1x4-connected-neurons and a Pod")
+            print(f"  applied DeviceClass neuron.aws.com and {EXAMPLE.relative_to(EXAMPLE.parents[2])} "
+                  "(the AWS document's ResourceClaimTemplate and a Pod)")
 
             def allocated() -> ResourceClaim | None:
                 for claim in client.list(ResourceClaim, namespace="default"):
@@ -255,7 +224,8 @@ async def cluster_section(work: Path) -> None:
 
             claim: Any = await _poll(allocated, "the claim to be allocated by kube-scheduler")
             results = claim.status.allocation.devices.results
-            pod: Any = await _poll(lambda: _bound(client.get(Pod, "neuron-workload", namespace="default")),
+            pod: Any = await _poll(lambda: _bound(client.get(Pod, "1x4-connected-neurons-workload",
+                                                             namespace="default")),
                                    "the Pod to be bound")
             print(f"  kube-scheduler allocated {[r.device for r in results]} and bound the Pod to "
                   f"{pod.spec.nodeName}")

@@ -46,68 +46,15 @@ DRA_SA = "neuron-dra-driver-sa"
 CHART_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
                "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
-# The user's ResourceClaimTemplates, exactly as in seed 001.
-SEED_TEMPLATES = """
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: all-neurons
-spec:
-  spec:
-    devices:
-      requests:
-      - name: neurons
-        exactly:
-          deviceClassName: neuron.aws.com
-          selectors:
-          - cel:
-              expression: "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
-          allocationMode: All
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: 1x4-connected-neurons
-spec:
-  spec:
-    devices:
-      requests:
-      - name: neurons
-        exactly:
-          deviceClassName: neuron.aws.com
-          allocationMode: ExactCount
-          count: 4
-          selectors:
-          - cel:
-              expression: "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
-      constraints:
-      - requests: ["neurons"]
-        matchAttribute: "resource.aws.com/devicegroup4_id"
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: all-neurons-lnc-1
-spec:
-  spec:
-    devices:
-      requests:
-      - name: neurons
-        exactly:
-          deviceClassName: neuron.aws.com
-          selectors:
-          - cel:
-              expression: "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
-          allocationMode: All
-      config:
-      - requests: ["neurons"]
-        opaque:
-          driver: neuron.aws.com
-          parameters:
-            apiVersion: neuron.aws.com/v1
-            kind: NeuronConfig
-            logicalNeuronCore: 1
-"""
+# The user's ResourceClaimTemplates, exactly as in seed 001, from the examples users apply.
+EXAMPLES = REPO / "examples" / "neuron-dra"
+SEED_TEMPLATE_NAMES = ("all-neurons", "1x4-connected-neurons", "all-neurons-lnc-1")
+
+
+def seed_templates() -> list[dict[str, Any]]:
+    docs = [d for n in SEED_TEMPLATE_NAMES for d in yaml.safe_load_all((EXAMPLES / f"{n}.yaml").read_text())]
+    return [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+
 
 
 def _template(name: str, instance_type: str, count: int, group_attr: str | None) -> dict[str, Any]:
@@ -362,7 +309,7 @@ def test_trn2_seed_templates_allocate_prepare_and_clean_up(
     assert forbidden.value.status.code == 403
     limited.close()
 
-    for doc in yaml.safe_load_all(SEED_TEMPLATES):
+    for doc in seed_templates():
         kube_client.create(ResourceClaimTemplate.from_dict(doc), namespace=namespace)  # type: ignore[call-overload]
     kubelet = KubeletStandIn(driver.kubelet_root)
 
