@@ -17,6 +17,9 @@ from typing import Any
 from accel_core.atomic import atomic_write_text
 from accel_core.edits import ContainerEdits
 
+#: The minimum version for what this writer emits: device-node ``hostPath`` and device names that start with a
+#: digit (claim UIDs) need 0.5.0; nothing written here (no annotations, intelRdt, netDevices) needs more.
+CDI_VERSION = "0.5.0"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 
@@ -76,7 +79,7 @@ class CdiSpecWriter:
             ids.append(self.qualified(name))
         if not entries:
             raise CdiError(f"CDI spec {self.spec_path(spec_id)} would have no devices")
-        spec: dict[str, Any] = {"cdiVersion": self._version(entries, common), "kind": self.kind, "devices": entries}
+        spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": entries}
         if common is not None:
             spec["containerEdits"] = _edits_json(common)
         try:
@@ -85,11 +88,6 @@ class CdiSpecWriter:
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {self.spec_path(spec_id)}: {exc}") from exc
         return ids
-
-    @staticmethod
-    def _version(entries: list[dict[str, Any]], common: ContainerEdits | None) -> str:
-        # hostPath on device nodes needs 0.5.0; nothing we write needs more.
-        return "0.5.0"
 
     def read(self, spec_id: str) -> dict[str, Any] | None:
         path = self.spec_path(spec_id)
