@@ -33,6 +33,7 @@ from accel_core.metrics import serve_metrics
 from accel_core.paths import ENV_NODE_NAME, ENV_POD_UID, add_path_flags, resolve_paths
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import DRIVER_NAME, slice_devices
+from neuron_dra.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from neuron_dra.dra.health import assess
 from neuron_dra.dra.service import DEFAULT_HEALTHCHECK_PORT, NeuronDraService, dra_driver_version
 
@@ -57,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG, then in-cluster)")
     serve.add_argument("--rescan-interval", type=float, default=10.0,
                        help="seconds between full host rescans (health counters, /dev nodes); default 10")
+    serve.add_argument("--cleanup-interval", type=_non_negative, default=DEFAULT_CLEANUP_INTERVAL,
+                       help="seconds between cleanups of stale prepared claims (also run at start); "
+                            "default 600, 0 disables")
     serve.add_argument("--remove-slices-on-exit", action="store_true",
                        help="delete this driver's ResourceSlices when stopping (uninstall); off for upgrades")
 
@@ -73,6 +77,16 @@ def _parser() -> argparse.ArgumentParser:
     remove.add_argument("--log-level", default="INFO", type=str.upper)
     remove.add_argument("--log-format", default="kv", choices=["kv", "json"])
     return parser
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or more seconds, not {text}")
+    return value
 
 
 def _node_flag(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +129,7 @@ def _serve(args: argparse.Namespace) -> int:
             client = None
         service = NeuronDraService(paths, node_name=args.node_name, client=client, pod_uid=args.pod_uid,
                                    healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
+                                   cleanup_interval=args.cleanup_interval,
                                    remove_slices_on_exit=args.remove_slices_on_exit, registry=registry)
         try:
             await service.run(stop)

@@ -27,3 +27,7 @@ class DriverMetrics:
         self.cdi_specs_restored = Counter("neuron_dra_cdi_specs_restored_total",
                                           "CDI specs re-created from the checkpoint (after a reboot or loss)",
                                           registry=reg)
+        self.stale_claims_cleaned = Counter(
+            "neuron_dra_stale_claims_cleaned_total",
+            "Checkpoint entries unprepared because the API server says their claim is stale, by reason", ["reason"],
+            registry=reg)

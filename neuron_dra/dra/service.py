@@ -7,7 +7,8 @@ every host change (inotify on ``/sys/class/neuron_device`` and the device-plugin
 rescan that also catches counters and /dev nodes) re-runs discovery; the publisher writes only if the
 published content changed, and the kubelet's health stream gets a new full list when health changed and at
 least every ``health_refresh_seconds`` (20 s; each report carries a 60 s timeout, after which the kubelet would
-treat the device's health as unknown).
+treat the device's health as unknown). With an API server, stale checkpoint entries are cleaned up once the
+sockets are served and then every ``cleanup_interval`` seconds (see :mod:`neuron_dra.dra.cleanup`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from accel_core.watch import ChangeWatcher
 from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
 from neuron_dra.dra.attributes import DRIVER_NAME, slice_devices
 from neuron_dra.dra.claims import ApiClaimReader
+from neuron_dra.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from neuron_dra.dra.driver import CDI_CLASS, CDI_VENDOR, NeuronDriver
 from neuron_dra.dra.guard import blocked_reason
 from neuron_dra.dra.health import DeviceCondition, assess
@@ -74,6 +76,7 @@ class NeuronDraService:
         healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT,
         rescan_interval: float = 10.0,
         health_refresh_seconds: float = 20.0,
+        cleanup_interval: float = DEFAULT_CLEANUP_INTERVAL,
         remove_slices_on_exit: bool = False,
         registry: CollectorRegistry | None = None,
         dra_version: str | None = None,
@@ -84,6 +87,7 @@ class NeuronDraService:
         self.healthcheck_port = healthcheck_port
         self.rescan_interval = rescan_interval
         self.health_refresh_seconds = health_refresh_seconds
+        self.cleanup_interval = cleanup_interval
         self.remove_slices_on_exit = remove_slices_on_exit
         self.dra_version = dra_version or dra_driver_version()
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -98,6 +102,8 @@ class NeuronDraService:
         self.driver = NeuronDriver(node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
                                    inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics)
         self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)
+        self.cleaner = StaleClaimCleaner(store=self.store, reader=self.reader, unprepare=self.plugin.unprepare_claims,
+                                         driver=DRIVER_NAME, pool=node_name, metrics=self.metrics)
         self.publisher = (SlicePublisher(client, DRIVER_NAME, node_name, registry=self.registry)
                           if client is not None else None)
         self.liveness = LivenessServer(self.check_liveness, healthcheck_port) if healthcheck_port >= 0 else None
@@ -180,6 +186,8 @@ class NeuronDraService:
             tasks.append(asyncio.create_task(self.publisher.run(stop)))
         else:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
+        if self.client is not None and self.cleanup_interval > 0:
+            tasks.append(asyncio.create_task(self.cleaner.run(stop, self.cleanup_interval)))
         self.ready.set()
         try:
             await self._watch_host(stop)

@@ -1,24 +1,29 @@
 """The Neuron DRA handler without sockets: prepare/unprepare, CDI contents, idempotency, conflicts, checkpoint
-restore after a restart or a reboot, and fail-closed behaviour on a corrupt checkpoint."""
+restore after a restart or a reboot, fail-closed behaviour on a corrupt checkpoint, and the stale-claim cleanup."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory, discover
+from neuron_dra.dra.cleanup import StaleClaimCleaner
 from neuron_dra.dra.driver import CDI_CLASS, CDI_VENDOR, NeuronDriver
 from neuron_dra.dra.health import assess
+from neuron_dra.dra.metrics import DriverMetrics
 from neuron_dra.dra.prepared import STATE_COMPLETED, STATE_STARTED
 from neuron_dra.dra.store import ClaimStore
 
@@ -259,3 +264,120 @@ def test_missing_device_cannot_be_prepared_and_health_reports_it(rig: Rig) -> No
     assert len(reports) == 16
     assert reports["neuron-device-6"].healthy is False and "neuron6" in reports["neuron-device-6"].message
     assert reports["neuron-device-0"].healthy is True and reports["neuron-device-0"].pool == NODE
+
+
+# -- stale claim cleanup -----------------------------------------------------------------------------------------------
+def clean(rig: Rig) -> tuple[list[tuple[str, str]], CollectorRegistry]:
+    """One cleanup pass through a DRA plugin's serialized unprepare; returns (uid, reason) pairs and the metrics."""
+    registry = CollectorRegistry()
+
+    async def one_pass() -> list[tuple[str, str]]:
+        plugin = DraPlugin(rig.driver, rig.paths)
+        cleaner = StaleClaimCleaner(store=rig.store, reader=rig.reader, unprepare=plugin.unprepare_claims,
+                                    driver="neuron.aws.com", pool=NODE, metrics=DriverMetrics(registry))
+        return [(c.ref.uid, c.staleness.reason) for c in await cleaner.clean_once()]
+
+    return asyncio.run(one_pass()), registry
+
+
+def cleaned_count(registry: CollectorRegistry, reason: str) -> float | None:
+    return registry.get_sample_value("neuron_dra_stale_claims_cleaned_total", {"reason": reason})
+
+
+def _deleted(rig: Rig) -> None:
+    del rig.reader.claims[("ns", "claim-u-1")]
+
+
+def _replaced(rig: Rig) -> None:
+    rig.reader.add(make_claim("u-new", [2], name="claim-u-1"))
+
+
+def _deallocated(rig: Rig) -> None:
+    rig.reader.claims[("ns", "claim-u-1")]["status"] = {}
+
+
+def _allocated_elsewhere(rig: Rig) -> None:
+    rig.reader.add(make_claim("u-1", [2], pool="node-b"))
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (_deleted, "deleted"), (_replaced, "replaced"), (_deallocated, "not_allocated"),
+    (_allocated_elsewhere, "allocated_elsewhere"),
+])
+def test_cleanup_unprepares_stale_claims_and_keeps_live_ones(
+        rig: Rig, change: Any, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+    stale = rig.reader.add(make_claim("u-1", [2, 3]))
+    live = rig.reader.add(make_claim("u-live", [4]))
+    rig.prepare(stale)
+    rig.prepare(live)
+    change(rig)
+    with caplog.at_level(logging.INFO, logger="neuron_dra.dra.cleanup"):
+        cleaned, registry = clean(rig)
+    assert cleaned == [("u-1", reason)]
+    assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
+    assert rig.store.get("u-live") is not None and rig.cdi.exists("u-live")
+    assert cleaned_count(registry, reason) == 1
+    [record] = [r for r in caplog.records if r.name == "neuron_dra.dra.cleanup"]
+    assert record.getMessage() == "unprepared stale claim"
+    fields = record.__dict__["kv"]
+    assert fields["claim"] == "ns/claim-u-1 (uid u-1)" and fields["reason"] == reason
+    other = rig.reader.add(make_claim("u-2", [2, 3], name="other"))
+    rig.prepare(other)  # the devices are free again
+    assert rig.store.get("u-2").state == STATE_COMPLETED  # type: ignore[union-attr]
+
+
+def test_cleanup_never_touches_live_claims(rig: Rig) -> None:
+    refs = [rig.reader.add(make_claim("u-1", [0, 1])), rig.reader.add(make_claim("u-2", [5], name="two"))]
+    for ref in refs:
+        rig.prepare(ref)
+    before = rig.store.path.read_bytes()
+    cleaned, registry = clean(rig)
+    assert cleaned == []
+    assert rig.store.path.read_bytes() == before
+    assert rig.cdi.exists("u-1") and rig.cdi.exists("u-2")
+    assert cleaned_count(registry, "deleted") is None
+
+
+def test_cleanup_keeps_everything_when_the_api_server_fails(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    refs = [rig.reader.add(make_claim("u-1", [0])), rig.reader.add(make_claim("u-2", [1], name="two"))]
+    for ref in refs:
+        rig.prepare(ref)
+    rig.reader.claims.clear()  # even claims that look deleted are kept while the server cannot be read
+
+    async def unavailable(namespace: str, name: str) -> Mapping[str, Any] | None:
+        raise ClaimError("reading the claim from the API server failed: HTTP 503: unavailable")
+
+    monkeypatch.setattr(rig.reader, "read", unavailable)
+    with caplog.at_level(logging.INFO, logger="neuron_dra.dra.cleanup"):
+        cleaned, _ = clean(rig)
+    assert cleaned == []
+    assert {c.uid for c in rig.store.claims()} == {"u-1", "u-2"}
+    assert rig.cdi.exists("u-1") and rig.cdi.exists("u-2")
+    warnings = [r for r in caplog.records if r.name == "neuron_dra.dra.cleanup"]
+    assert len(warnings) == 1 and "HTTP 503" in str(warnings[0].__dict__["kv"]["error"])
+    monkeypatch.undo()  # the server is back: the next pass cleans up
+    cleaned, _ = clean(rig)
+    assert sorted(cleaned) == [("u-1", "deleted"), ("u-2", "deleted")]
+
+
+def test_cleanup_frees_the_devices_of_an_interrupted_prepare(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = rig.reader.add(make_claim("u-1", [2]))
+
+    def crash(*args: Any, **kwargs: Any) -> list[str]:
+        raise CdiError("cannot write CDI spec: driver killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(rig.cdi, "write", crash)
+        with pytest.raises(ClaimError):
+            rig.prepare(ref)
+    rig.restart()
+    assert rig.store.get("u-1").state == STATE_STARTED  # type: ignore[union-attr]
+    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    with pytest.raises(ClaimError, match="already prepared"):
+        rig.prepare(other)
+    _deleted(rig)
+    cleaned, _ = clean(rig)
+    assert cleaned == [("u-1", "deleted")]
+    assert rig.prepare(other)[0].device == "neuron-device-2"
+    assert rig.store.get("u-2").state == STATE_COMPLETED  # type: ignore[union-attr]
