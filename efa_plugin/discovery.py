@@ -116,7 +116,7 @@ class EfaInventory:
 # ------------------------------------------------------------------------------------------------ small readers
 
 
-def _read(path: str) -> str:
+def read_attr(path: str) -> str:
     """Stripped text of a sysfs attribute; raises OSError/UnicodeError for the caller to turn into a problem."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -128,7 +128,7 @@ def _read(path: str) -> str:
 
 def _read_or_none(path: str) -> str | None:
     try:
-        return _read(path)
+        return read_attr(path)
     except (OSError, UnicodeError):
         return None
 
@@ -196,7 +196,7 @@ class _Context:
         shown = f"{CLASS_VERBS}/{uverbs}"
         verbs_path = self.root + shown
         try:
-            ibdev = _read(f"{verbs_path}/ibdev")
+            ibdev = read_attr(f"{verbs_path}/ibdev")
         except (OSError, UnicodeError) as exc:
             return f"{shown}/ibdev: unreadable ({_why(exc)}); entry skipped"
         if not ibdev or "/" in ibdev or ibdev in (".", ".."):

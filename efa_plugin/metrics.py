@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
-from efa_plugin.discovery import EfaDevice
+from efa_plugin.discovery import EfaDevice, read_attr
 from efa_plugin.policy import EfaPolicy
 
 log = logging.getLogger(__name__)
@@ -171,12 +171,7 @@ class EfaMetrics:
     def _read(self, path: str, device: str | None = None) -> str | None:
         """A small sysfs file's text; None (logged once per path when unexpected) if it cannot be read."""
         try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                data = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            return data.decode("utf-8").strip()
+            return read_attr(path)
         except OSError as exc:
             if exc.errno not in _SILENT_ERRNOS and device is not None:
                 self._fail(path, device, exc.strerror or str(exc))
