@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from accel_core.hostinfo import pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from efa_plugin.neuron_map import neuron_table
 
@@ -31,8 +32,6 @@ CLASS_VERBS = "/sys/class/infiniband_verbs"
 CLASS_IB = "/sys/class/infiniband"
 DEV_IB = "/dev/infiniband"
 PCI_DEVICES = "/sys/bus/pci/devices"
-SYS_DEVICES = "/sys/devices"
-DMI_PRODUCT = "/sys/class/dmi/id/product_name"
 
 _UVERBS_RE = re.compile(r"^uverbs(\d+)$")
 _BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -146,12 +145,6 @@ def _hex_or_none(path: str) -> int | None:
 # ------------------------------------------------------------------------------------------------ discovery
 
 
-def read_instance_type(paths: HostPaths) -> str | None:
-    """The DMI product name (``p5.48xlarge``), or None when unreadable (not EC2, or a container without /sys)."""
-    text = _read_or_none(str(paths.host(DMI_PRODUCT)))
-    return text or None
-
-
 def discover(paths: HostPaths) -> EfaInventory:
     """Walk ``infiniband_verbs`` under the host root and return the EFA inventory (never raises for host files)."""
     instance_type = read_instance_type(paths)
@@ -214,15 +207,7 @@ class _Context:
         reason = _not_efa_reason(pci_dir)
         if reason is not None:
             return IgnoredRdma(ibdev, uverbs, pci_address, reason)
-        return self._efa(uverbs, verbs_path, ibdev, ib_dir, pci_dir, self._pcie_root(pci_dir))
-
-    def _pcie_root(self, real_dir: str) -> str | None:
-        """``pci0000:44``: the first component below ``/sys/devices`` of a resolved device directory."""
-        prefix = self.root + SYS_DEVICES + "/"
-        if not real_dir.startswith(prefix):
-            return None
-        first = real_dir[len(prefix):].split("/", 1)[0]
-        return first if first.startswith("pci") else None
+        return self._efa(uverbs, verbs_path, ibdev, ib_dir, pci_dir, pcie_root(self.paths, pci_dir))
 
     @staticmethod
     def _root_of_link(bus_link: str) -> str | None:

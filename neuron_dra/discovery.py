@@ -25,13 +25,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from accel_core.hostinfo import DMI_PRODUCT_NAMES, pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from neuron_dra import instances
 from neuron_dra.instances import ExpectedLayout
 from neuron_dra.topology import Topology, build_topology
 
 CLASS_DIR = "/sys/class/neuron_device"
-DMI_PRODUCT_NAMES = ("/sys/class/dmi/id/product_name", "/sys/devices/virtual/dmi/id/product_name")
 LNC_FILE = "/opt/aws/neuron/logical_nc_config"
 LNC_KEY = "NEURON_LOGICAL_NC_CONFIG"
 DRIVER_VERSION_FILE = "/sys/module/neuron/version"
@@ -203,13 +203,11 @@ def parse_lnc(text: str) -> int:
 # --------------------------------------------------------------------------------------------- discovery
 
 
-def read_instance_type(reader: _Reader, problems: list[str]) -> str:
-    for path in DMI_PRODUCT_NAMES:
-        text = reader.text(path, [], required=False)
-        if text is not None and text.strip():
-            return text.strip()
-    problems.append(f"{DMI_PRODUCT_NAMES[0]}: missing or empty; instance type unknown, no catalog fallback")
-    return ""
+def _instance_type(paths: HostPaths, problems: list[str]) -> str:
+    found = read_instance_type(paths)
+    if found is None:
+        problems.append(f"{DMI_PRODUCT_NAMES[0]}: missing or empty; instance type unknown, no catalog fallback")
+    return found or ""
 
 
 def _device_indices(reader: _Reader, expected: ExpectedLayout | None, known: Iterable[int]) -> list[int]:
@@ -286,12 +284,7 @@ def _pci(reader: _Reader, index: int, expected: ExpectedLayout | None) -> tuple[
     if vendor != NEURON_PCI_VENDOR:
         return None, None, None
     numa = reader.int_value(f"{base}/numa_node", quiet, required=False)
-    root: str | None = None
-    try:
-        resolved = os.path.realpath(reader.real(base))
-        root = next((part for part in Path(resolved).parts if part.startswith("pci")), None)
-    except OSError:
-        root = None
+    root = pcie_root(reader.paths, os.path.realpath(reader.real(base)))
     return bdf, (numa if numa is not None and numa >= 0 else None), root
 
 
@@ -316,7 +309,7 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
     """
     reader = _Reader(paths)
     problems: list[str] = []
-    instance_type = read_instance_type(reader, problems)
+    instance_type = _instance_type(paths, problems)
     expected = instances.expected_layout(instance_type)
     indices = _device_indices(reader, expected, known)
 
