@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 _RESERVED = "kv"
@@ -68,3 +69,28 @@ def setup_logging(level: str = "INFO", fmt: str = "kv") -> None:
     root.setLevel(level.upper())
     logging.getLogger("asyncio").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class ProblemLog:
+    """Logs each host problem once when it appears and once when it clears, not again on every rescan.
+
+    A problem is ``(subject, text)``; the subject (a device ID) is logged as ``device`` when not empty.
+    """
+
+    def __init__(self, logger: logging.Logger, appeared: str, cleared: str,
+                 appeared_without_subject: str | None = None) -> None:
+        self._log = logger
+        self._appeared = appeared
+        self._cleared = cleared
+        self._appeared_bare = appeared_without_subject or appeared
+        self._current: frozenset[tuple[str, str]] = frozenset()
+
+    def update(self, problems: Iterable[tuple[str, str]]) -> None:
+        current = frozenset(problems)
+        for subject, text in sorted(current - self._current):
+            fields = {"device": subject, "problem": text} if subject else {"problem": text}
+            self._log.warning(self._appeared if subject else self._appeared_bare, extra=kv(**fields))
+        for subject, text in sorted(self._current - current):
+            fields = {"device": subject, "problem": text} if subject else {"problem": text}
+            self._log.info(self._cleared, extra=kv(**fields))
+        self._current = current

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
 from accel_core.edits import ContainerEdits, DeviceNode
-from accel_core.logs import kv
+from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.allocation import Topology
@@ -39,7 +39,8 @@ class EfaPolicy:
         self._inventory = EfaInventory()
         self._topology = Topology(())
         self._seen: dict[str, EfaDevice] = {}
-        self._reported: set[str] = set()
+        self._problems = ProblemLog(log, "EFA device unhealthy", "EFA problem cleared",
+                                    appeared_without_subject="EFA entry skipped")
         self._announced_empty = False
         self._present: set[str] = set()
         self.allocation_counts: Counter[str] = Counter()  #: times each device was handed out by Allocate
@@ -79,19 +80,8 @@ class EfaPolicy:
 
     def _report(self, inv: EfaInventory) -> None:
         """One log line per problem when it appears, and one when it clears."""
-        current: set[str] = set(inv.skipped)
-        for dev in inv.devices:
-            current.update(f"{dev.id}\t{p}" for p in dev.problems)
-        for problem in sorted(current - self._reported):
-            device, _, text = problem.rpartition("\t")
-            if device:
-                log.warning("EFA device unhealthy", extra=kv(device=device, problem=text))
-            else:
-                log.warning("EFA entry skipped", extra=kv(problem=text))
-        for problem in sorted(self._reported - current):
-            device, _, text = problem.rpartition("\t")
-            log.info("EFA problem cleared", extra=kv(device=device or "-", problem=text))
-        self._reported = current
+        self._problems.update([("", p) for p in inv.skipped]
+                              + [(dev.id, p) for dev in inv.devices for p in dev.problems])
         if not inv.devices and not self._announced_empty:
             log.info("no EFA device on this node; advertising nothing and watching for devices to appear",
                      extra=kv(checked=CLASS_VERBS, instance_type=inv.instance_type or "unknown",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from accel_core.logs import kv
+from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from neuron_dra import discovery
 from neuron_dra.deviceplugin import guard
@@ -46,7 +46,7 @@ class NeuronNode:
         self.inventory = EMPTY_INVENTORY
         self.on_change: Callable[[], None] | None = None
         self._seen: set[int] = set()
-        self._logged_problems: frozenset[str] = frozenset()
+        self._problems = ProblemLog(log, "host problem", "host problem resolved")
         self._blocked: str | None = None
         self._first = True
         self._clock = clock
@@ -70,12 +70,7 @@ class NeuronNode:
         self._last_full = now
         inv = discovery.discover(self.paths, known=self._seen)
         self._seen.update(d.index for d in inv.devices)
-        problems = frozenset(inv.all_problems())
-        for problem in sorted(problems - self._logged_problems):
-            log.warning("host problem", extra=kv(problem=problem))
-        for problem in sorted(self._logged_problems - problems):
-            log.info("host problem resolved", extra=kv(problem=problem))
-        self._logged_problems = problems
+        self._problems.update(("", p) for p in inv.all_problems())
         self.health.update(inv)
         if self._first or (len(inv.devices), inv.lnc, inv.topology.kind) != (
                 len(self.inventory.devices), self.inventory.lnc, self.inventory.topology.kind):

@@ -30,7 +30,7 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.slices import SlicePublisher, SliceValidationError
 from accel_core.dra.types import ClaimError
-from accel_core.logs import kv
+from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from accel_core.watch import ChangeWatcher
 from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
@@ -109,7 +109,7 @@ class NeuronDraService:
         self.liveness = LivenessServer(self.check_liveness, healthcheck_port) if healthcheck_port >= 0 else None
         self.ready = asyncio.Event()
         self._blocked_logged: str | None = None
-        self._problems_logged: tuple[str, ...] = ()
+        self._problems = ProblemLog(log, "host problem", "host problem resolved")
 
     # -- pieces ----------------------------------------------------------------------------------------------------
     def blocked(self) -> str | None:
@@ -126,12 +126,7 @@ class NeuronDraService:
         self.inventory = self._with_last_known_slots(discover(self.paths, known=self._known))
         self._known.update(d.index for d in self.inventory.devices)
         conditions = assess(self.inventory)
-        problems = tuple(self.inventory.all_problems())
-        if problems != self._problems_logged:
-            for problem in problems:
-                if problem not in self._problems_logged:
-                    log.warning("host problem", extra=kv(problem=problem))
-            self._problems_logged = problems
+        self._problems.update(("", p) for p in self.inventory.all_problems())
         reason = self.blocked()
         if reason != self._blocked_logged:
             if reason:
