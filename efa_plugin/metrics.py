@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
+from accel_core.podresources import devices_in_use
 from efa_plugin.discovery import EfaDevice, read_attr
 from efa_plugin.policy import EfaPolicy
 
@@ -75,14 +76,7 @@ class AllocatedDevices:
                 self._channel.close()
                 self._channel = None
                 return None
-        return {
-            device_id
-            for pod in resp.pod_resources
-            for container in pod.containers
-            for devices in container.devices
-            if devices.resource_name == self._resource
-            for device_id in devices.device_ids
-        }
+        return devices_in_use(resp, [self._resource])[self._resource]
 
     def close(self) -> None:
         with self._lock:

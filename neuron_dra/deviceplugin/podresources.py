@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
+from accel_core.podresources import devices_in_use
 from neuron_dra.deviceplugin.usage import RESOURCES, UsageTracker
 
 log = logging.getLogger(__name__)
@@ -26,14 +27,8 @@ LIST_TIMEOUT_S = 5.0
 
 
 def in_use_from(response: pr.ListPodResourcesResponse) -> dict[str, set[str]]:
-    """Resource -> IDs held by any container (regular and init containers alike)."""
-    out: dict[str, set[str]] = {r: set() for r in RESOURCES}
-    for pod in response.pod_resources:
-        for container in pod.containers:
-            for dev in container.devices:
-                if dev.resource_name in out:
-                    out[dev.resource_name].update(dev.device_ids)
-    return out
+    """Neuron resource -> IDs held by any container."""
+    return devices_in_use(response, RESOURCES)
 
 
 class PodResourcesPoller:
