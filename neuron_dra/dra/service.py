@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.slices import SlicePublisher, SliceValidationError
 from accel_core.dra.types import ClaimError
@@ -40,7 +41,6 @@ from neuron_dra.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from neuron_dra.dra.driver import CDI_CLASS, CDI_VENDOR, NeuronDriver
 from neuron_dra.dra.guard import blocked_reason
 from neuron_dra.dra.health import DeviceCondition, assess
-from neuron_dra.dra.liveness import LivenessServer, check_own_sockets
 from neuron_dra.dra.metrics import DriverMetrics
 from neuron_dra.dra.store import ClaimStore
 

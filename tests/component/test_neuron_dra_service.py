@@ -15,10 +15,10 @@ from typing import Any
 import grpc
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
+from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.paths import HostPaths
-from neuron_dra.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
 from neuron_dra.dra.service import NeuronDraService
 
 DRIVER = "neuron.aws.com"

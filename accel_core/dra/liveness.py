@@ -31,7 +31,7 @@ UNKNOWN, SERVING, NOT_SERVING, SERVICE_UNKNOWN = 0, 1, 2, 3
 
 
 def _health_messages() -> tuple[Any, Any]:
-    fdp = descriptor_pb2.FileDescriptorProto(name="neuron_dra/grpc_health_v1.proto", package="grpc.health.v1",
+    fdp = descriptor_pb2.FileDescriptorProto(name="accel_core/grpc_health_v1.proto", package="grpc.health.v1",
                                              syntax="proto3")
     req = fdp.message_type.add(name="HealthCheckRequest")
     req.field.add(name="service", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
