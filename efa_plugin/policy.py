@@ -113,7 +113,7 @@ class EfaPolicy:
         return self._topology.preferred(available, must_include, size)
 
     def allocate(self, ids: Sequence[str]) -> ContainerEdits:
-        """One rw DeviceSpec per device: its current ``/dev/infiniband/uverbsN`` (looked up now, never cached)."""
+        """One rw DeviceSpec per device: its ``/dev/infiniband/uverbsN`` as of the latest host scan."""
         inv = self._inventory
         nodes: list[DeviceNode] = []
         for device_id in dict.fromkeys(ids):
