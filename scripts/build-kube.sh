@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Build and cache the real Kubernetes control-plane parts the tests and the demo run:
-# kube-apiserver, kube-scheduler, kube-controller-manager and kubectl (k8s.io/kubernetes), an etcd
-# server (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v3), all from the Go module proxy.
+# Build and cache the real Kubernetes parts the tests and the demo run: kube-apiserver, kube-scheduler,
+# kube-controller-manager, kubectl and kubelet (k8s.io/kubernetes), an etcd server (go.etcd.io/etcd/server/v3)
+# and helm (helm.sh/helm/v3), all from the Go module proxy; plus the project's own fake CRI runtime
+# (tools/fakecri), which the kubelet talks to instead of containerd.
 #
 # Usage: scripts/build-kube.sh [--print-dir]
 # Env:   KUBE_VERSION (v1.37.2)  ETCD_VERSION (v3.7.0)  HELM_VERSION (v3.22.0)
 #        ACCEL_KUBE_CACHE (default: ${XDG_CACHE_HOME:-~/.cache}/aws-accel-agents/kube)
-# Binaries land in $ACCEL_KUBE_CACHE/<kube>-etcd<etcd>-helm<helm>/bin; a second run is a no-op.
+# Binaries land in $ACCEL_KUBE_CACHE/<kube>-etcd<etcd>-helm<helm>/bin; a second run is a no-op (fakecri is
+# rebuilt when its sources change).
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
@@ -16,11 +18,17 @@ GO_MIN=1.26
 CACHE=${ACCEL_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/aws-accel-agents/kube}
 ROOT="$CACHE/${KUBE_VERSION}-etcd${ETCD_VERSION}-helm${HELM_VERSION}"
 BIN="$ROOT/bin"
-WANTED=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd helm)
+WANTED=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet etcd helm fakecri)
+FAKECRI_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/fakecri"
 
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 
-have_all() { for b in "${WANTED[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done; }
+fakecri_sum() { (cd "$FAKECRI_SRC" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16); }
+fakecri_fresh() { [[ -x "$BIN/fakecri" && "$(cat "$BIN/fakecri.sum" 2>/dev/null)" == "$(fakecri_sum)" ]]; }
+have_all() {
+  for b in "${WANTED[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
+  fakecri_fresh
+}
 if have_all; then echo "kube binaries cached in $BIN"; exit 0; fi
 
 die() { echo "build-kube: $*" >&2; exit 1; }
@@ -65,7 +73,8 @@ build_kube() {
     sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
   } >"$mod/go.mod"
   local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
-              k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
+              k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+              k8s.io/kubernetes/cmd/kubelet)
   echo "build-kube: resolving k8s.io/kubernetes $KUBE_VERSION modules"
   (cd "$mod" && run "go get k8s.io/kubernetes@$KUBE_VERSION" "$ROOT/log/kube-get.log" go get "${pkgs[@]}")
   local X=""
@@ -108,10 +117,20 @@ build_helm() {
       -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" -o "$BIN/helm" helm.sh/helm/v3/cmd/helm)
 }
 
+build_fakecri() {
+  echo "build-kube: building fakecri from $FAKECRI_SRC"
+  local sum; sum=$(fakecri_sum)
+  (cd "$FAKECRI_SRC" && run "go build fakecri" "$ROOT/log/fakecri-build.log" \
+    go build -mod=readonly -trimpath -ldflags "-s -w" -o "$BIN/fakecri" .)
+  echo "$sum" >"$BIN/fakecri.sum"
+}
+
 start=$(date +%s)
 [[ -x "$BIN/etcd" ]] || build_etcd
 [[ -x "$BIN/helm" ]] || build_helm
-[[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-scheduler" && -x "$BIN/kube-controller-manager" && -x "$BIN/kubectl" ]] \
+[[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-scheduler" && -x "$BIN/kube-controller-manager" && -x "$BIN/kubectl" \
+   && -x "$BIN/kubelet" ]] \
   || build_kube
+fakecri_fresh || build_fakecri
 have_all || die "build finished but binaries are missing in $BIN"
 echo "build-kube: done in $(( $(date +%s) - start ))s; binaries in $BIN"
