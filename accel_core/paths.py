@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+#: The kubelet's device manager serves ``kubelet.sock`` here whatever its ``--root-dir`` (the constant
+#: ``DevicePluginPath`` of k8s.io/kubelet's deviceplugin/v1beta1 API), so this does not follow the kubelet root.
+DEFAULT_DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 
 ENV_HOST_ROOT = "HOST_ROOT"
 ENV_KUBELET_ROOT = "KUBELET_ROOT"
+ENV_DEVICE_PLUGINS_DIR = "DEVICE_PLUGINS_DIR"
 ENV_CDI_ROOT = "CDI_ROOT"
 ENV_REGISTRAR_DIR = "KUBELET_REGISTRAR_DIRECTORY_PATH"
 ENV_PLUGINS_DIR = "KUBELET_PLUGINS_DIRECTORY_PATH"
@@ -35,6 +39,7 @@ class HostPaths:
     cdi_root: Path = DEFAULT_CDI_ROOT
     registrar_dir: Path | None = None
     plugins_dir: Path | None = None
+    device_plugins: Path = DEFAULT_DEVICE_PLUGINS_DIR
 
     def host(self, path: str | Path) -> Path:
         """Map an absolute host path (``/sys/class/...``) under the host root."""
@@ -42,7 +47,8 @@ class HostPaths:
 
     @property
     def device_plugins_dir(self) -> Path:
-        return self.kubelet_root / "device-plugins"
+        """Where device-plugin sockets and the kubelet's ``kubelet.sock`` live (independent of the kubelet root)."""
+        return self.device_plugins
 
     @property
     def kubelet_socket(self) -> Path:
@@ -65,6 +71,7 @@ class HostPaths:
         return {
             "host_root": str(self.host_root),
             "kubelet_root": str(self.kubelet_root),
+            "device_plugins": str(self.device_plugins_dir),
             "cdi_root": str(self.cdi_root),
             "plugins_registry": str(self.plugins_registry_dir),
             "plugins": str(self.plugins_data_dir),
@@ -72,10 +79,13 @@ class HostPaths:
 
 
 def add_path_flags(parser: argparse.ArgumentParser) -> None:
-    """Add --host-root, --kubelet-root, --cdi-root, --registrar-dir and --plugins-dir to a parser."""
+    """Add --host-root, --kubelet-root, --device-plugins-dir, --cdi-root, --registrar-dir and --plugins-dir."""
     g = parser.add_argument_group("paths")
     g.add_argument("--host-root", help=f"root of the host's files, '/' on a node (env {ENV_HOST_ROOT})")
     g.add_argument("--kubelet-root", help=f"kubelet --root-dir (env {ENV_KUBELET_ROOT}; default /var/lib/kubelet)")
+    g.add_argument("--device-plugins-dir",
+                   help=f"the kubelet's device-plugins directory; it does not move with --root-dir "
+                        f"(env {ENV_DEVICE_PLUGINS_DIR}; default {DEFAULT_DEVICE_PLUGINS_DIR})")
     g.add_argument("--cdi-root", help=f"directory for CDI specs (env {ENV_CDI_ROOT}; default /var/run/cdi)")
     g.add_argument("--registrar-dir", help=f"kubelet plugin registration directory (env {ENV_REGISTRAR_DIR})")
     g.add_argument("--plugins-dir", help=f"kubelet plugins data directory (env {ENV_PLUGINS_DIR})")
@@ -91,12 +101,14 @@ def resolve_paths(args: argparse.Namespace | None = None, env: Mapping[str, str]
 
     host_root = pick("host_root", ENV_HOST_ROOT) or "/"
     kubelet_root = pick("kubelet_root", ENV_KUBELET_ROOT) or str(DEFAULT_KUBELET_ROOT)
+    device_plugins = pick("device_plugins_dir", ENV_DEVICE_PLUGINS_DIR) or str(DEFAULT_DEVICE_PLUGINS_DIR)
     cdi_root = pick("cdi_root", ENV_CDI_ROOT) or str(DEFAULT_CDI_ROOT)
     registrar = pick("registrar_dir", ENV_REGISTRAR_DIR)
     plugins = pick("plugins_dir", ENV_PLUGINS_DIR)
     return HostPaths(
         host_root=Path(host_root),
         kubelet_root=Path(kubelet_root),
+        device_plugins=Path(device_plugins),
         cdi_root=Path(cdi_root),
         registrar_dir=Path(registrar) if registrar else None,
         plugins_dir=Path(plugins) if plugins else None,

@@ -79,7 +79,8 @@ class DictReader:
 
 
 def make_driver(root: Path, reader: Any) -> tuple[NeuronDriver, HostPaths]:
-    paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi")
+    paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
+                      device_plugins=root / "kubelet" / "device-plugins")
     if not paths.host_root.exists():
         build_host(paths.host_root, "trn2.48xlarge")
     inv = discover(paths)
@@ -177,7 +178,8 @@ def bench_process(cp: ControlPlane, root: Path, idle_seconds: float) -> None:
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "neuron_dra.dra.cli", "serve", "--host-root", str(host_root), "--node-name", node,
-         "--kubelet-root", str(root / "proc-kubelet"), "--cdi-root", str(root / "proc-cdi"),
+         "--kubelet-root", str(root / "proc-kubelet"),
+         "--device-plugins-dir", str(root / "proc-kubelet" / "device-plugins"), "--cdi-root", str(root / "proc-cdi"),
          "--kubeconfig", str(cp.admin_kubeconfig), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
          "--healthcheck-port", "-1"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

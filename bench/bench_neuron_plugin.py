@@ -116,7 +116,7 @@ async def daemon_figures(root: Path, calls: int, pace: float) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "neuron_dra.deviceplugin.cli", "serve", "--host-root", str(root / "host"),
-        "--kubelet-root", str(standin.root), "--metrics-port", "0", "--log-level", "WARNING",
+        *standin.daemon_flags(), "--metrics-port", "0", "--log-level", "WARNING",
         "--pod-resources-interval", "0.1", "--allocation-grace", "0",
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     rng = random.Random(7)
@@ -174,7 +174,8 @@ async def daemon_figures(root: Path, calls: int, pace: float) -> None:
 
 def handler_figures(root: Path, calls: int) -> None:
     """Plugin-side work of one RPC (policy + response building), without gRPC or the event loop."""
-    node = NeuronNode(HostPaths(host_root=root / "host", kubelet_root=root / "none"), grace=0.0)
+    node = NeuronNode(HostPaths(host_root=root / "host", kubelet_root=root / "none",
+                                device_plugins=root / "none" / "device-plugins"), grace=0.0)
     node.rediscover()
     dev, core = NeuronDevicePolicy(node), NeuronCorePolicy(node)
     rng = random.Random(5)

@@ -1,7 +1,7 @@
 """A generic kubelet device-plugin server (v1beta1) over a unix socket.
 
 Life cycle, as the kubelet requires it:
-- serve DevicePlugin on ``<kubelet-root>/device-plugins/<socket>`` and prove it answers, then Register with
+- serve DevicePlugin on ``<device-plugins dir>/<socket>`` and prove it answers, then Register with
   ``kubelet.sock`` (the kubelet dials back and calls GetDevicePluginOptions during Register);
 - ListAndWatch sends the full list at once and again on every change (both ways: Unhealthy and back);
 - a re-created ``kubelet.sock`` means the kubelet restarted and deleted every socket there, ours included: serve

@@ -84,7 +84,7 @@ async def efa_section(work: Path) -> None:
     await kubelet.start()
     port = _free_port()
     resource = "vpc.amazonaws.com/efa"
-    async with daemon("efa-device-plugin", "serve", "--host-root", str(host.root), "--kubelet-root", str(kubelet.root),
+    async with daemon("efa-device-plugin", "serve", "--host-root", str(host.root), *kubelet.daemon_flags(),
                       "--metrics-port", str(port), "--metrics-address", "127.0.0.1", log=work / "efa.log"):
         start = time.perf_counter()
         await kubelet.wait_registered(resource, timeout=20)
@@ -126,8 +126,8 @@ async def neuron_section(work: Path) -> None:
     kubelet = KubeletStandIn(work / "trn2-kubelet")
     await kubelet.start(pod_resources=True)
     port = _free_port()
-    async with daemon("neuron-device-plugin", "serve", "--host-root", str(host.root), "--kubelet-root",
-                      str(kubelet.root), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+    async with daemon("neuron-device-plugin", "serve", "--host-root", str(host.root), *kubelet.daemon_flags(),
+                      "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
                       log=work / "neuron.log"):
         chips = await kubelet.wait_devices("aws.amazon.com/neuron", lambda d: len(d) == 16, timeout=20)
         cores = await kubelet.wait_devices("aws.amazon.com/neuroncore", lambda d: len(d) == 64, timeout=20)
@@ -201,8 +201,8 @@ async def cluster_section(work: Path) -> None:
         print(f"  control plane up in {max(cp.startup_times.values()):.1f}s; kubeconfig {cp.admin_kubeconfig}")
         cp.create_fake_node(node, labels={"node.kubernetes.io/instance-type": "trn2.48xlarge"})
         client = Client(KubeConfig.from_file(cp.admin_kubeconfig))
-        async with daemon("neuron-dra-driver", "serve", "--host-root", str(host.root), "--kubelet-root",
-                          str(kubelet.root), "--cdi-root", str(work / "cdi"), "--node-name", node, "--kubeconfig",
+        async with daemon("neuron-dra-driver", "serve", "--host-root", str(host.root), *kubelet.daemon_flags(),
+                          "--cdi-root", str(work / "cdi"), "--node-name", node, "--kubeconfig",
                           str(cp.admin_kubeconfig), "--metrics-port", "0", "--healthcheck-port", "-1",
                           log=work / "dra.log"):
             slices = await _poll(lambda: list(client.list(ResourceSlice)) or None, "ResourceSlices")

@@ -34,6 +34,7 @@ from accel_core.kubeletapi import pluginregistration_v1_pb2 as rp
 from accel_core.kubeletapi import pluginregistration_v1_pb2_grpc as rp_grpc
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
+from accel_core.paths import HostPaths
 
 KUBELET_DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
@@ -90,6 +91,14 @@ class KubeletStandIn:
         self.pod_resources_calls = 0
         self._server: grpc.aio.Server | None = None
         self._pr_server: grpc.aio.Server | None = None
+
+    def paths(self, **kwargs: Any) -> HostPaths:
+        """HostPaths of a daemon under this stand-in (kubelet root and device-plugins dir both inside it)."""
+        return HostPaths(kubelet_root=self.root, device_plugins=self.dp_dir, **kwargs)
+
+    def daemon_flags(self) -> list[str]:
+        """The path flags a daemon started as a process needs to find this stand-in."""
+        return ["--kubelet-root", str(self.root), "--device-plugins-dir", str(self.dp_dir)]
 
     # -- device-plugin side ----------------------------------------------------------------------------------------
     async def start(self, *, pod_resources: bool = False) -> None:

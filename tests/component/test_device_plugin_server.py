@@ -54,7 +54,7 @@ async def running(
     standin.dp_dir.mkdir(parents=True)
     if kubelet:
         await standin.start()
-    server = DevicePluginServer(policy, HostPaths(kubelet_root=standin.root), retry_interval=0.2)
+    server = DevicePluginServer(policy, standin.paths(), retry_interval=0.2)
     stop = asyncio.Event()
     task = asyncio.create_task(server.run(stop))
     try:

@@ -48,7 +48,7 @@ async def _start(short_tmp: Path, pod_uid: str | None = "pod-123") -> tuple[Kube
     standin = KubeletStandIn(short_tmp / "kubelet")
     standin.registry_dir.mkdir(parents=True)
     handler = ToyHandler()
-    plugin = DraPlugin(handler, HostPaths(kubelet_root=standin.root), pod_uid=pod_uid)
+    plugin = DraPlugin(handler, standin.paths(), pod_uid=pod_uid)
     await plugin.start()
     return standin, plugin, handler
 

@@ -42,7 +42,7 @@ async def node(short_tmp: Path, instance_type: str, *, efa: bool = True) -> Asyn
     standin = KubeletStandIn(short_tmp / "k")
     await standin.start(pod_resources=True)
     registry = CollectorRegistry()
-    paths = HostPaths(host_root=host.root, kubelet_root=standin.root)
+    paths = standin.paths(host_root=host.root)
     stop = asyncio.Event()
     task = asyncio.create_task(run_plugin(paths, stop, registry=registry, retry_interval=0.2))
     try:
@@ -210,7 +210,7 @@ def test_serve_process_registers_and_stops_cleanly_on_sigterm(short_tmp: Path) -
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "efa_plugin.cli", "serve", "--host-root", str(host.root),
-             "--kubelet-root", str(standin.root), "--metrics-port", "0"],
+             *standin.daemon_flags(), "--metrics-port", "0"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         try:

@@ -47,7 +47,8 @@ class Reader:
 class Rig:
     def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
         self.host: FakeHost = build_host(root / "h", instance_type)
-        self.paths = HostPaths(host_root=root / "h", kubelet_root=root / "k", cdi_root=root / "cdi")
+        self.paths = HostPaths(host_root=root / "h", kubelet_root=root / "k", cdi_root=root / "cdi",
+                               device_plugins=root / "k" / "device-plugins")
         self.standin = KubeletStandIn(self.paths.kubelet_root)
         self.standin.registry_dir.mkdir(parents=True, exist_ok=True)
         self.reader = Reader()

@@ -48,7 +48,7 @@ async def running(short_tmp: Path, itype: str, lnc: int | None = None,
     standin = KubeletStandIn(short_tmp / "kubelet")
     standin.pod_resources = list(pods or [])
     await standin.start(pod_resources=True)
-    paths = HostPaths(host_root=fake.root, kubelet_root=standin.root)
+    paths = standin.paths(host_root=fake.root)
     options = ServeOptions(rescan_interval=0.2, pod_resources_interval=0.1, retry_interval=0.2)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(paths, options, stop))
@@ -243,7 +243,7 @@ def test_serve_subprocess_sigterm(short_tmp: Path) -> None:
         port = _free_port()
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = await asyncio.create_subprocess_exec(
-            *_command(), "serve", "--host-root", str(fake.root), "--kubelet-root", str(standin.root),
+            *_command(), "serve", "--host-root", str(fake.root), *standin.daemon_flags(),
             "--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--log-format", "json",
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:

@@ -133,7 +133,8 @@ class Driver:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "neuron_dra.dra.cli", "serve", "--host-root", str(self.host_root),
-                 "--kubelet-root", str(self.kubelet_root), "--cdi-root", str(self.cdi_root),
+                 "--kubelet-root", str(self.kubelet_root),
+                 "--device-plugins-dir", str(self.kubelet_root / "device-plugins"), "--cdi-root", str(self.cdi_root),
                  "--kubeconfig", str(self.kubeconfig), "--metrics-port", "0", "--healthcheck-port", "-1",
                  "--rescan-interval", "1"],
                 env=env, stdout=log, stderr=subprocess.STDOUT)

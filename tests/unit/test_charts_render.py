@@ -383,19 +383,28 @@ def test_npd_daemonset(neuron_defaults: Rendered) -> None:
 # Neuron chart: paths, metrics, node selection, schema
 
 
-def test_kubelet_root_dir_moves_every_kubelet_path(helm: Path) -> None:
+def test_kubelet_root_dir_moves_every_kubelet_path_but_device_plugins(helm: Path) -> None:
+    # The kubelet serves kubelet.sock at /var/lib/kubelet/device-plugins whatever its --root-dir (k8s.io/kubelet
+    # deviceplugin/v1beta1 DevicePluginPath); its plugins_registry, plugins and pod-resources follow --root-dir.
+    fixed = "/var/lib/kubelet/device-plugins"
     for flags in (["--set", "npd.enabled=false"], ["--set", "devicePlugin.enabled=false", "--set", "npd.enabled=false",
                                                    "--set", "draDriver.enabled=true"]):  # fmt: skip
         r = template(helm, NEURON_CHART, "--set", "kubeletRootDir=/data/kubelet", *flags)
         (ds,) = r.all("DaemonSet")
         mounts = mounts_of(ds)
-        kubelet_mounts = {path: m for path, m in mounts.items() if "kubelet" in path}
+        kubelet_mounts = {path: m for path, m in mounts.items() if "kubelet" in path and path != fixed}
         assert kubelet_mounts, "no kubelet directory mounted"
         for path, m in kubelet_mounts.items():
             assert path.startswith("/data/kubelet/") and m["host"] == path, (path, m)
+        assert mounts[fixed]["host"] == fixed
         env = env_of(container(ds))
         assert env["KUBELET_ROOT"] == "/data/kubelet"
-        assert all("/var/lib/kubelet" not in str(v) for v in env.values())
+        assert env["DEVICE_PLUGINS_DIR"] == fixed
+        assert all("/var/lib/kubelet" not in str(v) for k, v in env.items() if k != "DEVICE_PLUGINS_DIR")
+        moved = template(helm, NEURON_CHART, "--set", "devicePluginsDir=/opt/dp", *flags)
+        (ds,) = moved.all("DaemonSet")
+        assert mounts_of(ds)["/opt/dp"]["host"] == "/opt/dp"
+        assert env_of(container(ds))["DEVICE_PLUGINS_DIR"] == "/opt/dp"
 
 
 def test_cdi_root_dir_is_configurable(helm: Path) -> None:
@@ -582,8 +591,15 @@ def test_efa_node_selection(efa_defaults: Rendered) -> None:
 def test_efa_kubelet_root_metrics_and_service_monitor(helm: Path) -> None:
     r = template(helm, EFA_CHART, "--set", "kubeletRootDir=/data/kubelet", "--set", "serviceMonitor.enabled=true")
     ds = r.get("DaemonSet", EFA_DS)
-    assert mounts_of(ds)["/data/kubelet/device-plugins"]["host"] == "/data/kubelet/device-plugins"
+    # The kubelet serves kubelet.sock at /var/lib/kubelet/device-plugins whatever its --root-dir (k8s.io/kubelet
+    # deviceplugin/v1beta1 DevicePluginPath), so a relocated kubelet root leaves that mount where it is.
+    assert mounts_of(ds)["/var/lib/kubelet/device-plugins"]["host"] == "/var/lib/kubelet/device-plugins"
+    assert "/data/kubelet/device-plugins" not in mounts_of(ds)
     assert env_of(container(ds))["KUBELET_ROOT"] == "/data/kubelet"
+    assert env_of(container(ds))["DEVICE_PLUGINS_DIR"] == "/var/lib/kubelet/device-plugins"
+    moved = template(helm, EFA_CHART, "--set", "devicePluginsDir=/opt/dp")
+    assert mounts_of(moved.get("DaemonSet", EFA_DS))["/opt/dp"]["host"] == "/opt/dp"
+    assert env_of(container(moved.get("DaemonSet", EFA_DS)))["DEVICE_PLUGINS_DIR"] == "/opt/dp"
     svc = r.get("Service", "aws-efa-k8s-device-plugin-metrics")
     assert svc["spec"]["selector"] == {"name": "aws-efa-k8s-device-plugin"}
     assert svc["spec"]["ports"][0]["port"] == 9810

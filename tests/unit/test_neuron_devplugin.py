@@ -29,7 +29,8 @@ class Clock:
 def make(tmp_path: Path, itype: str, lnc: int | None = None, clock: Clock | None = None
          ) -> tuple[FakeHost, NeuronNode, NeuronDevicePolicy, NeuronCorePolicy]:
     fake = build_host(tmp_path / "host", itype, lnc=lnc)
-    paths = HostPaths(host_root=fake.root, kubelet_root=tmp_path / "kubelet")
+    paths = HostPaths(host_root=fake.root, kubelet_root=tmp_path / "kubelet",
+                      device_plugins=tmp_path / "kubelet" / "device-plugins")
     node = NeuronNode(paths, grace=30.0, clock=clock or Clock())
     node.rediscover()
     return fake, node, NeuronDevicePolicy(node), NeuronCorePolicy(node)
@@ -176,7 +177,8 @@ def test_health_follows_sysfs_dev_node_and_ecc(tmp_path: Path) -> None:
 def test_errors_from_before_start_do_not_condemn(tmp_path: Path) -> None:
     fake = build_host(tmp_path / "host", "trn1.2xlarge")
     fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 4)
-    node = NeuronNode(HostPaths(host_root=fake.root, kubelet_root=tmp_path / "k"))
+    node = NeuronNode(HostPaths(host_root=fake.root, kubelet_root=tmp_path / "k",
+                                    device_plugins=tmp_path / "k" / "device-plugins"))
     node.rediscover()
     assert node.health.healthy(0)
     fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 5)

@@ -63,7 +63,8 @@ class Rig:
 
     def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
         self.host: FakeHost = build_host(root / "host", instance_type)
-        self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi")
+        self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
+                               device_plugins=root / "kubelet" / "device-plugins")
         self.reader = FakeReader()
         self.inventory: NeuronInventory = discover(self.paths)
         self.restart()

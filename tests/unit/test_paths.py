@@ -34,11 +34,22 @@ def test_env_then_flags_win() -> None:
            "KUBELET_REGISTRAR_DIRECTORY_PATH": "/reg", "KUBELET_PLUGINS_DIRECTORY_PATH": "/plug"}
     paths = resolve_paths(_parse(), env=env)
     assert paths.host("/sys/class/infiniband") == Path("/fake/sys/class/infiniband")
-    assert paths.device_plugins_dir == Path("/data/kubelet/device-plugins")
+    # The kubelet serves device plugins at its fixed DevicePluginPath whatever its --root-dir (k8s.io/kubelet
+    # deviceplugin/v1beta1 constants.go), so a relocated kubelet root must not move it.
+    assert paths.device_plugins_dir == Path("/var/lib/kubelet/device-plugins")
     assert (paths.plugins_registry_dir, paths.plugins_data_dir, paths.cdi_root) == (
         Path("/reg"), Path("/plug"), Path("/etc/cdi"))
     flagged = resolve_paths(_parse("--host-root", "/other", "--kubelet-root", "/k"), env=env)
     assert flagged.host_root == Path("/other") and flagged.kubelet_root == Path("/k")
+
+
+def test_device_plugins_dir_has_its_own_flag_and_env() -> None:
+    from_env = resolve_paths(_parse(), env={"DEVICE_PLUGINS_DIR": "/node1/device-plugins", "KUBELET_ROOT": "/k"})
+    assert from_env.device_plugins_dir == Path("/node1/device-plugins")
+    assert from_env.kubelet_socket == Path("/node1/device-plugins/kubelet.sock")
+    assert from_env.pod_resources_socket == Path("/k/pod-resources/kubelet.sock")  # this one does follow the root
+    flagged = resolve_paths(_parse("--device-plugins-dir", "/dp"), env={"DEVICE_PLUGINS_DIR": "/env"})
+    assert flagged.device_plugins_dir == Path("/dp")
 
 
 def test_missing_roots_log_one_clear_line_each(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -67,6 +67,11 @@ true
 {{ trimSuffix "/" .Values.kubeletRootDir }}
 {{- end }}
 
+{{/* The kubelet's device-plugins directory: fixed by the kubelet, independent of its --root-dir. */}}
+{{- define "neuron.devicePluginsDir" -}}
+{{ trimSuffix "/" .Values.devicePluginsDir }}
+{{- end }}
+
 {{/* Pod affinity: the component's own `affinity` if set, else a required node affinity built from nodeSelection.
      Terms are ORed, so a node qualifies by instance type OR by label; each term also excludes compute types.
      Call with (dict "component" .Values.X "root" $). */}}
@@ -113,6 +118,8 @@ nodeAffinity:
       fieldPath: spec.nodeName
 - name: KUBELET_ROOT
   value: {{ include "neuron.kubeletRoot" .root | quote }}
+- name: DEVICE_PLUGINS_DIR
+  value: {{ include "neuron.devicePluginsDir" .root | quote }}
 - name: LOG_LEVEL
   value: {{ .root.Values.logLevel | quote }}
 - name: LOG_FORMAT
