@@ -1,17 +1,23 @@
-"""``accel-cluster``: run the real Kubernetes control plane on 127.0.0.1 in the background for people.
+"""``accel-cluster``: run the real Kubernetes control plane on 127.0.0.1 in the background for people, with real
+kubelet nodes on fake hosts.
 
-    accel-cluster up [--state-dir D] [--no-with-scheduler] [--no-with-controller-manager]
+    accel-cluster up [--state-dir D] [--node NAME=INSTANCE_TYPE ...] [--lnc 1|2] [--no-efa]
+                     [--no-with-scheduler] [--no-with-controller-manager]
+    accel-cluster node-env NAME       # KEY=value lines for the daemons: env $(accel-cluster node-env n1) ...
     accel-cluster status | kubeconfig | down [--purge]
 
 The state directory (default ``${XDG_STATE_HOME:-~/.local/state}/aws-accel-agents/cluster``) keeps the
 certificates, the etcd data, the logs, the admin kubeconfig and ``cluster.json`` (ports and PIDs), so a
-``down`` followed by ``up`` resumes the same cluster.
+``down`` followed by ``up`` resumes the same cluster. Each ``--node`` gets ``nodes/<NAME>/``: a fake-sysfs tree of
+its instance type and one real kubelet with the fake CRI runtime (see ``accel_core.devtools.kubeletnode``); an ``up``
+with more ``--node`` flags adds nodes to a running cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -22,9 +28,15 @@ from accel_core.devtools.controlplane import (
     ClusterRecord,
     ControlPlane,
     ControlPlaneError,
+    Pki,
     recorded_process,
     stop_recorded,
 )
+from accel_core.devtools.kubeletnode import KubeletNode, NodeLayout, NodeRecord, stop_recorded_node
+from accel_core.devtools.kubeversions import kube_bin_dir
+
+NODES_DIR = "nodes"
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 
 
 def default_state_dir() -> Path:
@@ -33,11 +45,65 @@ def default_state_dir() -> Path:
     return Path(base) / "aws-accel-agents" / "cluster"
 
 
+def _node_spec(text: str) -> tuple[str, str]:
+    """``NAME=INSTANCE_TYPE`` for ``--node``."""
+    name, sep, itype = text.partition("=")
+    if not sep or not itype:
+        raise argparse.ArgumentTypeError(f"--node wants NAME=INSTANCE_TYPE, e.g. n1=p5.48xlarge; got {text!r}")
+    if not _NODE_NAME.match(name):
+        raise argparse.ArgumentTypeError(f"node name {name!r}: lower-case letters, digits and '-', at most 32")
+    return name, itype
+
+
+def node_dirs(state_dir: Path) -> list[Path]:
+    """The node directories of a cluster state directory, by name."""
+    base = state_dir / NODES_DIR
+    return sorted(d for d in base.iterdir() if (d / "node.json").exists()) if base.is_dir() else []
+
+
+def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
+    """Start one kubelet node per ``--node``; a failed one is stopped again and the error names it."""
+    from accel_core.fakehost import FakeHostError, UnknownInstanceType, build_host
+
+    wanted = {name: (itype, args.lnc, not args.no_efa) for name, itype in args.node}
+    for node_dir in node_dirs(args.state_dir):  # nodes of an earlier `up` come back too
+        old = NodeRecord.load(node_dir)
+        if old is not None and old.name not in wanted:
+            wanted[old.name] = (old.instance_type, old.lnc, old.efa)
+    for name, (itype, lnc, efa) in wanted.items():
+        node_dir = args.state_dir / NODES_DIR / name
+        record = NodeRecord.load(node_dir)
+        if record is not None and any(recorded_process(p) for p in record.processes):
+            print(f"accel-cluster: node {name} already running", file=sys.stderr)
+            continue
+        if record is not None and record.instance_type != itype:
+            raise ControlPlaneError(f"node {name} was made as {record.instance_type}, not {itype}; "
+                                    "`accel-cluster down --purge` or pick another name")
+        layout = NodeLayout(node_dir)
+        if not layout.host_root.exists():
+            try:
+                build_host(layout.host_root, itype, efa=efa, lnc=lnc)
+            except (UnknownInstanceType, FakeHostError) as e:
+                shutil.rmtree(node_dir, ignore_errors=True)
+                raise ControlPlaneError(f"node {name}: {e}") from e
+        node = KubeletNode(name, node_dir, server=server, pki=pki, bin_dir=kube_bin_dir(), instance_type=itype,
+                           lnc=lnc, efa=efa, detach=True, cert_days=365, verbosity=args.verbosity)
+        try:
+            node.start()
+            node.wait_ready(timeout=args.timeout)
+        except BaseException:
+            node.stop()
+            raise
+        print(f"accel-cluster: node {name} ({itype}) Ready in {node.ready_seconds:.1f}s; "
+              f"env: accel-cluster node-env {name}", file=sys.stderr)
+
+
 def _up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir
     record = ClusterRecord.load(state_dir)
     if record is not None and any(recorded_process(p) for p in record.processes):
         print(f"accel-cluster: already running from {state_dir}", file=sys.stderr)
+        _start_nodes(args, record.server, Pki(state_dir / "pki"))
         print(record.admin_kubeconfig)
         return 0
     cp = ControlPlane(
@@ -52,14 +118,27 @@ def _up(args: argparse.Namespace) -> int:
     )
     cp.start()
     print(f"accel-cluster: API server {cp.server} ready; logs in {cp.log_dir}", file=sys.stderr)
+    try:
+        _start_nodes(args, cp.server, cp.pki)
+    except BaseException:
+        _stop_nodes(state_dir)
+        cp.stop()
+        raise
     print(f"accel-cluster: export KUBECONFIG={cp.admin_kubeconfig}", file=sys.stderr)
     print(cp.admin_kubeconfig)
     return 0
 
 
+def _stop_nodes(state_dir: Path) -> list[str]:
+    stopped: list[str] = []
+    for node_dir in node_dirs(state_dir):
+        stopped += stop_recorded_node(node_dir)
+    return stopped
+
+
 def _down(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir
-    stopped = stop_recorded(state_dir)
+    stopped = _stop_nodes(state_dir) + stop_recorded(state_dir)
     print(f"accel-cluster: stopped {', '.join(stopped)}" if stopped else "accel-cluster: nothing was running")
     if args.purge and state_dir.exists():
         if ClusterRecord.load(state_dir) is None and not (state_dir / "pki").exists():
@@ -94,7 +173,28 @@ def _status(args: argparse.Namespace) -> int:
         print(f"server: {record.server}")
         print(f"kubeconfig: {record.admin_kubeconfig}")
     all_up = bool(record.processes) and len(running) == len(record.processes)
+    for node_dir in node_dirs(args.state_dir):
+        node = NodeRecord.load(node_dir)
+        if node is None:
+            continue
+        live = [p.name for p in node.processes if recorded_process(p) is not None]
+        state = "running" if len(live) == 2 else ("stopped" if not live else "partly (" + ",".join(live) + ")")
+        print(f"node {node.name:<19} {state:<8} {node.instance_type}  kubelet ports={','.join(map(str, node.ports))}"
+              f"  dir={node_dir}")
+        all_up = all_up and len(live) == 2
     return 0 if all_up else 1
+
+
+def _node_env(args: argparse.Namespace) -> int:
+    record = ClusterRecord.load(args.state_dir)
+    node_dir = args.state_dir / NODES_DIR / args.name
+    if record is None or NodeRecord.load(node_dir) is None:
+        print(f"accel-cluster: no node {args.name} in {args.state_dir}; "
+              f"run `accel-cluster up --node {args.name}=INSTANCE_TYPE` first", file=sys.stderr)
+        return 1
+    for key, value in NodeLayout(node_dir).daemon_env(args.name, Path(record.admin_kubeconfig)).items():
+        print(f"{key}={value}")
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,6 +209,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--with-controller-manager", action=argparse.BooleanOptionalAction, default=True)
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each component")
     up.add_argument("--verbosity", type=int, default=0, help="klog -v level of the kube components")
+    up.add_argument("--node", type=_node_spec, action="append", default=[], metavar="NAME=INSTANCE_TYPE",
+                    help="run a real kubelet node on a fake host of that instance type (repeatable)")
+    up.add_argument("--lnc", type=int, choices=(1, 2), help="Logical NeuronCore setting of the nodes' fake hosts")
+    up.add_argument("--no-efa", action="store_true", help="build the nodes' fake hosts without EFA")
     up.set_defaults(func=_up)
     down = sub.add_parser("down", parents=[common], help="stop the control plane")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
@@ -117,6 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     kc.set_defaults(func=_kubeconfig)
     st = sub.add_parser("status", parents=[common], help="show the components and their PIDs")
     st.set_defaults(func=_status)
+    env = sub.add_parser("node-env", parents=[common], help="print KEY=value lines that point a daemon at a node")
+    env.add_argument("name", help="node name given to up --node")
+    env.set_defaults(func=_node_env)
     return parser
 
 

@@ -214,6 +214,23 @@ def _signed_cert(work: Path, stem: str, subject: str, extension: str, days: int)
     (work / f"{stem}.csr").unlink()
 
 
+def issue_client_cert(pki: Pki, out_dir: Path, stem: str, subject: str, *, days: int = 30) -> tuple[Path, Path]:
+    """A client certificate for ``subject`` (e.g. ``/O=system:nodes/CN=system:node:n1``) signed by the cluster CA,
+    written as ``<stem>.crt``/``<stem>.key`` in ``out_dir``; returns (certificate, key)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".cert-", dir=out_dir))
+    try:
+        (work / "openssl.cnf").write_text(_OPENSSL_CONF.format(sans="DNS:localhost"))
+        shutil.copy(pki.ca_cert, work / "ca.crt")
+        (work / "ca.key").symlink_to(pki.ca_key)
+        _signed_cert(work, stem, subject, "client_ext", days)
+        for suffix in (".crt", ".key"):
+            (work / f"{stem}{suffix}").replace(out_dir / f"{stem}{suffix}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out_dir / f"{stem}.crt", out_dir / f"{stem}.key"
+
+
 def generate_pki(pki_dir: Path, *, days: int = 30) -> Pki:
     """Make a CA, the API server's serving certificate (127.0.0.1/localhost/kubernetes.* SANs), client
     certificates (admin in ``system:masters``, kube-scheduler, kube-controller-manager) and the
@@ -386,6 +403,33 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
+def spawn_logged(cmd: Sequence[str], log_path: Path, *, cwd: Path, detach: bool) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``cmd`` in its own session with stdout/stderr appended to ``log_path`` (after a header line); returns
+    the process and the log offset where its output starts. Without ``detach`` the child dies with its parent."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        offset = log.tell()
+        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=None if detach else _die_with_parent,
+        )
+    return proc, offset
+
+
+def tail_file(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a (log) file, or a note that it cannot be read."""
+    return _tail(path, lines)
+
+
 def _tail(path: Path, lines: int) -> str:
     try:
         with path.open("rb") as f:
@@ -405,6 +449,62 @@ class _Component:
     process: subprocess.Popen[bytes]
     ports: tuple[int, ...]
     log_offset: int
+
+
+# --------------------------------------------------------------------------------------------------------
+# Admin API access
+
+
+@dataclass(frozen=True)
+class AdminApi:
+    """JSON requests to a running API server (``https://127.0.0.1:PORT``) with the admin client certificate."""
+
+    server: str
+    pki: Pki
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 15.0,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """Raises ApiRequestError on a non-2xx answer. Writes use ``fieldValidation=Strict``, so a misspelt field
+        is an error rather than silently dropped."""
+        if method.upper() in ("POST", "PUT", "PATCH"):
+            path += ("&" if "?" in path else "?") + "fieldValidation=Strict"
+        cert, key = self.pki.client("admin")
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        ctx.load_cert_chain(str(cert), str(key))
+        port = urllib.parse.urlsplit(self.server).port
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=timeout)
+        headers = {"Accept": "application/json"}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise ControlPlaneError(f"{method} {path} failed: {e}") from e
+        finally:
+            conn.close()
+        text = data.decode("utf-8", "replace")
+        if resp.status >= 300:
+            message = text
+            with contextlib.suppress(ValueError, AttributeError):
+                message = str(json.loads(text).get("message", text))
+            raise ApiRequestError(resp.status, f"{method} {path} -> HTTP {resp.status}: {message}")
+        if not text:
+            return {}
+        result = json.loads(text)
+        if not isinstance(result, dict):
+            raise ControlPlaneError(f"{method} {path}: expected a JSON object, got {text[:200]!r}")
+        return result
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -615,39 +715,8 @@ class ControlPlane:
         timeout: float = 15.0,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        """A JSON request to the API server as the admin user; raises ApiRequestError on a non-2xx answer.
-        Writes use ``fieldValidation=Strict``, so a misspelt field is an error rather than silently dropped."""
-        if method.upper() in ("POST", "PUT", "PATCH"):
-            path += ("&" if "?" in path else "?") + "fieldValidation=Strict"
-        cert, key = self.pki.client("admin")
-        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
-        ctx.load_cert_chain(str(cert), str(key))
-        conn = http.client.HTTPSConnection("127.0.0.1", self.apiserver_port, context=ctx, timeout=timeout)
-        headers = {"Accept": "application/json"}
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        try:
-            conn.request(method, path, body=payload, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise ControlPlaneError(f"{method} {path} failed: {e}") from e
-        finally:
-            conn.close()
-        text = data.decode("utf-8", "replace")
-        if resp.status >= 300:
-            message = text
-            with contextlib.suppress(ValueError, AttributeError):
-                message = str(json.loads(text).get("message", text))
-            raise ApiRequestError(resp.status, f"{method} {path} -> HTTP {resp.status}: {message}")
-        if not text:
-            return {}
-        result = json.loads(text)
-        if not isinstance(result, dict):
-            raise ControlPlaneError(f"{method} {path}: expected a JSON object, got {text[:200]!r}")
-        return result
+        """A JSON request to the API server as the admin user (see :class:`AdminApi`)."""
+        return AdminApi(self.server, self.pki).request(method, path, body, timeout=timeout, content_type=content_type)
 
     def mint_token(
         self,
@@ -801,21 +870,7 @@ class ControlPlane:
         raise ControlPlaneError(f"{name}: its ports were taken three times in a row\n{self.logs_tail(30, [name])}")
 
     def _spawn(self, name: str, cmd: list[str], log_path: Path, ports: tuple[int, ...]) -> _Component:
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        with log_path.open("ab") as log:
-            offset = log.tell()
-            log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self._state_dir,
-                env=env,
-                start_new_session=True,
-                preexec_fn=None if self._detach else _die_with_parent,
-            )
+        proc, offset = spawn_logged(cmd, log_path, cwd=self._state_dir, detach=self._detach)
         return _Component(name, log_path, proc, ports, offset)
 
     def _wait_ready(self, comp: _Component, ready: Callable[[_Component], bool]) -> None:

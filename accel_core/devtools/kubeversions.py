@@ -16,7 +16,9 @@ ETCD_VERSION = "v3.7.0"
 HELM_VERSION = "v3.22.0"
 
 #: Binaries the build script produces; all must exist for a usable cache.
-KUBE_BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "etcd", "helm")
+KUBE_BINARIES = (
+    "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kubelet", "etcd", "helm", "fakecri",
+)
 
 #: The build script, relative to the repository root.
 BUILD_SCRIPT = Path("scripts") / "build-kube.sh"

@@ -147,6 +147,10 @@ func main() {
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		{Type: runtimeapi.NetworkReady, Status: true},
 	}}
+	// The kubelet takes its cgroup driver from the runtime; cgroupfs is what it is configured with here.
+	rt.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{
+		CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS,
+	}
 	go rt.forgetCalls(time.Minute)
 
 	server := grpc.NewServer()

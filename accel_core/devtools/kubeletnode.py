@@ -1,0 +1,585 @@
+"""A real kubelet node on this machine for tests, the dev cluster and the demo: the upstream ``kubelet`` (built by
+``scripts/build-kube.sh``) registered as a Node of a running control plane, with ``fakecri`` (``tools/fakecri``) as its
+container runtime. Nothing runs in the "containers": the fake runtime only records, as JSON lines, what each
+sandbox and container would get (devices, mounts, env, CDI device names), so tests can check the kubelet's work.
+
+The kubelet runs as root in a private mount namespace (``unshare --mount``), so it changes nothing on the machine:
+
+- ``<node>/var-lib`` is mounted over ``/var/lib`` and ``<node>/var-log`` over ``/var/log``: the kubelet's fixed
+  device-plugins directory (``/var/lib/kubelet/device-plugins``) is ``<node>/var-lib/kubelet/device-plugins``
+  outside, and pod logs stay in the node directory;
+- the few ``/proc/sys`` entries the kubelet sets (overcommit, panic, keys) are files of the node directory mounted
+  over the real ones, so the machine's sysctls never change;
+- its ``--root-dir`` is ``<node>/kubelet``, the same path inside and outside, so the plugin registration and DRA
+  sockets have one path for the kubelet and the daemons, as on a real node. That the device-plugins directory is
+  elsewhere is deliberate: it is what a relocated ``--root-dir`` looks like on a real node.
+
+Loopback only: ``--node-ip 127.0.0.1`` and free ports for the kubelet's API and healthz. Everything is removed with
+the processes; ``stop()`` leaves the machine as it found it (the mounts die with the namespace).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import datetime
+import json
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from accel_core.devtools.controlplane import (
+    AdminApi,
+    ApiRequestError,
+    ControlPlaneError,
+    Pki,
+    ProcessRecord,
+    issue_client_cert,
+    recorded_process,
+    spawn_logged,
+    tail_file,
+    terminate_processes,
+    write_kubeconfig,
+)
+
+KUBELET = "kubelet"
+FAKECRI = "fakecri"
+NODE_RECORD = "node.json"
+#: ``/proc/sys`` entries the kubelet's container manager rewrites at start (``setupKernelTunables``).
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+#: Kubelet feature gates: device health from DRA drivers into the Pod status (``allocatedResourcesStatus``).
+KUBELET_FEATURE_GATES: Mapping[str, bool] = {"ResourceHealthStatus": True}
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Where one node's files live; everything is under ``dir``."""
+
+    dir: Path
+
+    @property
+    def host_root(self) -> Path:
+        """The fake-sysfs tree of the node's instance type."""
+        return self.dir / "host"
+
+    @property
+    def kubelet_root(self) -> Path:
+        """The kubelet's ``--root-dir`` (same path inside and outside its mount namespace)."""
+        return self.dir / "kubelet"
+
+    @property
+    def var_lib(self) -> Path:
+        """Mounted over ``/var/lib`` for the kubelet."""
+        return self.dir / "var-lib"
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        """``/var/lib/kubelet/device-plugins`` as the kubelet sees it."""
+        return self.var_lib / "kubelet" / "device-plugins"
+
+    @property
+    def var_log(self) -> Path:
+        return self.dir / "var-log"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.dir / "cdi"
+
+    @property
+    def proc_sys(self) -> Path:
+        return self.dir / "proc-sys"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.dir / "cri.sock"
+
+    @property
+    def cri_record(self) -> Path:
+        """JSON lines written by fakecri, one per recorded CRI call."""
+        return self.dir / "cri.jsonl"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.dir / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The kubelet's own kubeconfig (``system:node:<name>``)."""
+        return self.dir / "kubelet.kubeconfig"
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "kubelet-config.yaml"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "logs"
+
+    def daemon_env(self, node_name: str, kubeconfig: Path) -> dict[str, str]:
+        """The environment that points a daemon (``efa-device-plugin serve`` ...) at this node."""
+        return {
+            "NODE_NAME": node_name,
+            "HOST_ROOT": str(self.host_root),
+            "KUBELET_ROOT": str(self.kubelet_root),
+            "DEVICE_PLUGINS_DIR": str(self.device_plugins_dir),
+            "KUBELET_REGISTRAR_DIRECTORY_PATH": str(self.kubelet_root / "plugins_registry"),
+            "KUBELET_PLUGINS_DIRECTORY_PATH": str(self.kubelet_root / "plugins"),
+            "CDI_ROOT": str(self.cdi_root),
+            "KUBECONFIG": str(kubeconfig),
+        }
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """``<node>/node.json``: what ``accel-cluster`` needs to find a running node again."""
+
+    name: str
+    instance_type: str
+    processes: tuple[ProcessRecord, ...] = ()
+    ports: tuple[int, ...] = ()
+    lnc: int | None = None
+    efa: bool = True
+
+    def save(self, node_dir: Path) -> None:
+        tmp = node_dir / (NODE_RECORD + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(node_dir / NODE_RECORD)
+
+    @classmethod
+    def load(cls, node_dir: Path) -> NodeRecord | None:
+        path = node_dir / NODE_RECORD
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                name=str(raw["name"]),
+                instance_type=str(raw["instance_type"]),
+                processes=tuple(
+                    ProcessRecord(str(p["name"]), int(p["pid"]), float(p["create_time"]), str(p["log"]),
+                                  tuple(int(x) for x in p["ports"]))
+                    for p in raw.get("processes", [])
+                ),
+                ports=tuple(int(x) for x in raw.get("ports", [])),
+                lnc=None if raw.get("lnc") is None else int(raw["lnc"]),
+                efa=bool(raw.get("efa", True)),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ControlPlaneError(f"{path} is damaged ({e!r}); remove the node directory and start again") from e
+
+
+@dataclass(frozen=True)
+class ContainerRecord:
+    """What the kubelet asked the runtime to give one container (from fakecri's CreateContainer record)."""
+
+    pod: str
+    namespace: str
+    pod_uid: str
+    name: str
+    envs: dict[str, str]
+    devices: tuple[dict[str, str], ...]
+    mounts: tuple[dict[str, Any], ...]
+    cdi_devices: tuple[str, ...]
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def device_paths(self) -> list[str]:
+        """Host paths of the device nodes, in the order the kubelet passed them."""
+        return [d.get("hostPath", "") for d in self.devices]
+
+
+def _env_value(encoded: Any) -> str:
+    """CRI ``KeyValue.value`` is ``bytes`` (protojson writes base64); env values here are UTF-8 text."""
+    try:
+        return base64.b64decode(str(encoded), validate=True).decode("utf-8", "replace")
+    except (ValueError, binascii.Error):
+        return str(encoded)
+
+
+def container_records(lines: Iterator[dict[str, Any]]) -> list[ContainerRecord]:
+    """The CreateContainer calls among fakecri's records, oldest first."""
+    out = []
+    for rec in lines:
+        if rec.get("method") != "CreateContainer":
+            continue
+        req = rec.get("request", {})
+        config = req.get("config", {})
+        meta = req.get("sandboxConfig", {}).get("metadata", {})
+        out.append(ContainerRecord(
+            pod=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            pod_uid=str(meta.get("uid", "")),
+            name=str(config.get("metadata", {}).get("name", "")),
+            envs={str(e.get("key", "")): _env_value(e.get("value", "")) for e in config.get("envs", [])},
+            devices=tuple(config.get("devices", [])),
+            mounts=tuple(config.get("mounts", [])),
+            cdi_devices=tuple(str(d.get("name", "")) for d in config.get("CDIDevices", config.get("cdiDevices", []))),
+            annotations=dict(config.get("annotations", {})),
+        ))
+    return out
+
+
+def _timestamp(text: Any) -> float:
+    """Seconds since the epoch of an API timestamp (``2026-12-02T10:00:00Z``), 0 when absent or malformed."""
+    try:
+        return datetime.datetime.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _free_ports(count: int) -> tuple[int, ...]:
+    held = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            held.append(s)
+        return tuple(int(s.getsockname()[1]) for s in held)
+    finally:
+        for s in held:
+            s.close()
+
+
+class KubeletNode:
+    """One real kubelet (and its fakecri) registered as Node ``name`` with the API server ``server``.
+
+    ``node_dir`` holds everything (see :class:`NodeLayout`); the fake host tree must already be in
+    ``layout.host_root`` if daemons are to find devices (the cluster tool and the fixtures build it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        node_dir: Path,
+        *,
+        server: str,
+        pki: Pki,
+        bin_dir: Path,
+        instance_type: str = "",
+        lnc: int | None = None,
+        efa: bool = True,
+        detach: bool = False,
+        verbosity: int = 0,
+        cert_days: int = 30,
+        feature_gates: Mapping[str, bool] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.name = name
+        self.layout = NodeLayout(Path(node_dir).resolve())
+        self.server = server
+        self.pki = pki
+        self.bin_dir = Path(bin_dir)
+        self.instance_type = instance_type
+        self.lnc = lnc
+        self.efa = efa
+        self._detach = detach
+        self._verbosity = verbosity
+        self._cert_days = cert_days
+        self._feature_gates = {**KUBELET_FEATURE_GATES, **(feature_gates or {})}
+        self._extra_args = list(extra_args)
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._offsets: dict[str, int] = {}
+        self.ports: tuple[int, ...] = ()
+        #: Seconds from ``start()`` to the Node being Ready (set by ``wait_ready``).
+        self.ready_seconds: float | None = None
+        self._t0 = 0.0
+        self._started_wall = 0.0
+
+    # ---- files
+
+    @property
+    def kubelet_log(self) -> Path:
+        return self.layout.log_dir / "kubelet.log"
+
+    @property
+    def fakecri_log(self) -> Path:
+        return self.layout.log_dir / "fakecri.log"
+
+    def daemon_env(self, kubeconfig: Path) -> dict[str, str]:
+        return self.layout.daemon_env(self.name, kubeconfig)
+
+    def cri_records(self) -> Iterator[dict[str, Any]]:
+        """Every call fakecri recorded so far (a partly written last line is skipped)."""
+        try:
+            with self.layout.cri_record.open() as f:
+                for line in f:
+                    with contextlib.suppress(ValueError):
+                        yield json.loads(line)
+        except FileNotFoundError:
+            return
+
+    def containers(self, pod: str | None = None, namespace: str | None = None) -> list[ContainerRecord]:
+        """CreateContainer records, optionally of one pod."""
+        return [c for c in container_records(self.cri_records())
+                if (pod is None or c.pod == pod) and (namespace is None or c.namespace == namespace)]
+
+    def logs_tail(self, lines: int = 40) -> str:
+        return "\n\n".join(f"==> {p} <==\n{tail_file(p, lines)}" for p in (self.kubelet_log, self.fakecri_log)
+                           if p.exists())
+
+    # ---- life cycle
+
+    def start(self) -> KubeletNode:
+        """Write credentials and config, start fakecri, then the kubelet. Does not wait for Ready."""
+        for tool in ("unshare", "mount"):
+            if shutil.which(tool) is None:
+                raise ControlPlaneError(f"`{tool}` (util-linux) is needed to run a kubelet node")
+        missing = [b for b in (KUBELET, FAKECRI) if not (self.bin_dir / b).is_file()]
+        if missing:
+            raise ControlPlaneError(f"missing {', '.join(missing)} in {self.bin_dir}; run scripts/build-kube.sh")
+        self._refuse_if_running()
+        self._t0 = time.monotonic()
+        self._started_wall = time.time()
+        self.ready_seconds = None
+        lay = self.layout
+        for d in (lay.kubelet_root, lay.device_plugins_dir, lay.var_log, lay.cdi_root, lay.proc_sys, lay.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self._write_credentials()
+        self._write_sysctl_files()
+        self.ports = _free_ports(2)
+        self._write_config()
+        try:
+            self._start_fakecri()
+            self._start_kubelet()
+        except BaseException:
+            self.stop()
+            raise
+        self._save_record()
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop the kubelet, then fakecri (SIGTERM, then SIGKILL). The node's files stay."""
+        for name in (KUBELET, FAKECRI):
+            proc = self._procs.pop(name, None)
+            if proc is not None and proc.poll() is None:
+                terminate_processes([psutil.Process(proc.pid)], timeout)
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+        self._save_record()
+
+    def stop_kubelet(self, timeout: float = 20.0) -> None:
+        """Stop only the kubelet (its pods' records stay with fakecri)."""
+        proc = self._procs.pop(KUBELET, None)
+        if proc is not None and proc.poll() is None:
+            terminate_processes([psutil.Process(proc.pid)], timeout)
+            proc.wait(timeout=5)
+        self._save_record()
+
+    def restart_kubelet(self) -> None:
+        """Stop and start the kubelet alone, as ``systemctl restart kubelet`` would; fakecri keeps its state."""
+        self.stop_kubelet()
+        self._t0 = time.monotonic()
+        self._started_wall = time.time()
+        self.ready_seconds = None
+        self._start_kubelet()
+        self._save_record()
+
+    def kubelet_running(self) -> bool:
+        proc = self._procs.get(KUBELET)
+        return proc is not None and proc.poll() is None
+
+    def wait_ready(self, timeout: float = 120.0, api: AdminApi | None = None) -> dict[str, Any]:
+        """Wait until the Node is Ready with no ``node.kubernetes.io/not-ready`` taint; return it."""
+        admin = api or AdminApi(self.server, self.pki)
+        started_wall = int(self._started_wall)  # a Ready left by an earlier kubelet run does not count
+        deadline = time.monotonic() + timeout
+        last = "no Node object yet"
+        while time.monotonic() < deadline:
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    log = self.kubelet_log if name == KUBELET else self.fakecri_log
+                    raise ControlPlaneError(f"{name} of node {self.name} exited with code {proc.returncode} "
+                                            f"(log {log}):\n{tail_file(log, 40)}")
+            try:
+                node = admin.request("GET", f"/api/v1/nodes/{self.name}")
+            except ApiRequestError as e:
+                last = str(e)
+                node = None
+            if node is not None:
+                ready = [c for c in node.get("status", {}).get("conditions", []) if c.get("type") == "Ready"
+                         and _timestamp(c.get("lastHeartbeatTime")) >= started_wall]
+                taints = [t.get("key") for t in node.get("spec", {}).get("taints", []) or []]
+                last = f"Ready={ready[0].get('status') if ready else None} taints={taints}"
+                if ready and ready[0].get("status") == "True":
+                    if NOT_READY_TAINT not in taints:
+                        self.ready_seconds = time.monotonic() - self._t0
+                        return node
+                    self._lift_not_ready_taint(admin, node)
+            time.sleep(0.25)
+        raise ControlPlaneError(f"node {self.name} not Ready within {timeout:.0f}s ({last}); kubelet log "
+                                f"{self.kubelet_log}:\n{tail_file(self.kubelet_log, 30)}")
+
+    def _lift_not_ready_taint(self, admin: AdminApi, node: dict[str, Any]) -> None:
+        """Do the node-lifecycle controller's one job for this node: the kubelet registers the Node with the
+        ``not-ready`` taint, and that controller (left out of this control plane, because it would taint the
+        kubelet-less fake Nodes other tests make) lifts it once the kubelet reports Ready."""
+        keep = [t for t in node.get("spec", {}).get("taints", []) or [] if t.get("key") != NOT_READY_TAINT]
+        patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                 "spec": {"taints": keep or None}}
+        with contextlib.suppress(ApiRequestError):  # a conflict: the next poll tries again
+            admin.request("PATCH", f"/api/v1/nodes/{self.name}", patch, content_type="application/merge-patch+json")
+
+    # ---- internals
+
+    def _refuse_if_running(self) -> None:
+        record = NodeRecord.load(self.layout.dir)
+        if record is None:
+            return
+        live = [r.name for r in record.processes if recorded_process(r) is not None]
+        if live:
+            raise ControlPlaneError(f"node {self.name}: {', '.join(live)} still running from {self.layout.dir}")
+
+    def _write_credentials(self) -> None:
+        cert, key = self.layout.pki_dir / "node.crt", self.layout.pki_dir / "node.key"
+        if not (cert.is_file() and key.is_file()):
+            issue_client_cert(self.pki, self.layout.pki_dir, "node", f"/O=system:nodes/CN=system:node:{self.name}",
+                              days=self._cert_days)
+        write_kubeconfig(self.layout.kubeconfig, self.server, self.pki.ca_cert, f"system:node:{self.name}",
+                         {"client-certificate": str(cert), "client-key": str(key)})
+
+    def _write_sysctl_files(self) -> None:
+        for entry in KUBELET_SYSCTLS:
+            target = self.layout.proc_sys / entry.replace("/", ".")
+            try:
+                value = (Path("/proc/sys") / entry).read_text()
+            except OSError:
+                value = "0\n"
+            target.write_text(value)
+
+    def _write_config(self) -> None:
+        port, healthz = self.ports
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": "127.0.0.1",
+            "port": port,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": healthz,
+            "readOnlyPort": 0,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(self.pki.ca_cert)}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.layout.cri_socket}",
+            # This machine is cgroup v1 and runs no real containers: no QoS or allocatable cgroups.
+            "failCgroupV1": False,
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "cgroupDriver": "cgroupfs",
+            "failSwapOn": False,
+            "localStorageCapacityIsolation": False,
+            # Nothing real is stored: never evict for a full disk of the machine, never garbage-collect images.
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%", "imagefs.available": "0%",
+                             "nodefs.inodesFree": "0%", "imagefs.inodesFree": "0%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            # Re-sync pods every 10 s (default 1 min), so a pod that found a plugin not yet registered retries soon.
+            "syncFrequency": "10s",
+            # Report a changed status (allocatable after a device plugin registers) within 2 s, not 10 s.
+            "nodeStatusUpdateFrequency": "2s",
+            "resolvConf": "",
+            "featureGates": dict(sorted(self._feature_gates.items())),
+        }
+        self.layout.config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _start_fakecri(self) -> None:
+        self.layout.cri_socket.unlink(missing_ok=True)
+        cmd = [str(self.bin_dir / FAKECRI), "--listen", str(self.layout.cri_socket),
+               "--record", str(self.layout.cri_record)]
+        proc, self._offsets[FAKECRI] = spawn_logged(cmd, self.fakecri_log, cwd=self.layout.dir, detach=self._detach)
+        self._procs[FAKECRI] = proc
+        deadline = time.monotonic() + 20
+        while not self.layout.cri_socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ControlPlaneError(f"fakecri did not serve {self.layout.cri_socket} (log {self.fakecri_log}):\n"
+                                        f"{tail_file(self.fakecri_log, 20)}")
+            time.sleep(0.05)
+
+    def _kubelet_argv(self) -> list[str]:
+        labels = {"kubernetes.io/os": "linux"}
+        if self.instance_type:
+            labels[INSTANCE_TYPE_LABEL] = self.instance_type
+        return [
+            str(self.bin_dir / KUBELET),
+            f"--config={self.layout.config}",
+            f"--kubeconfig={self.layout.kubeconfig}",
+            f"--root-dir={self.layout.kubelet_root}",
+            f"--cert-dir={self.layout.kubelet_root / 'pki'}",
+            f"--hostname-override={self.name}",
+            "--node-ip=127.0.0.1",
+            "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
+            f"--v={self._verbosity}",
+            *self._extra_args,
+        ]
+
+    def _namespace_script(self) -> str:
+        """Shell run by ``unshare --mount``: the private mounts, then exec the kubelet."""
+        q = shlex.quote
+        lines = ["set -e",
+                 f"mount --bind {q(str(self.layout.var_lib))} /var/lib",
+                 f"mount --bind {q(str(self.layout.var_log))} /var/log"]
+        for entry in KUBELET_SYSCTLS:
+            lines.append(f"mount --bind {q(str(self.layout.proc_sys / entry.replace('/', '.')))} /proc/sys/{entry}")
+        lines.append("exec " + " ".join(q(a) for a in self._kubelet_argv()))
+        return "\n".join(lines)
+
+    def _start_kubelet(self) -> None:
+        cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", self._namespace_script()]
+        proc, self._offsets[KUBELET] = spawn_logged(cmd, self.kubelet_log, cwd=self.layout.dir, detach=self._detach)
+        self._procs[KUBELET] = proc
+
+    def _save_record(self) -> None:
+        procs = []
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                continue
+            with contextlib.suppress(psutil.NoSuchProcess):
+                created = psutil.Process(proc.pid).create_time()
+                log = self.kubelet_log if name == KUBELET else self.fakecri_log
+                procs.append(ProcessRecord(name, proc.pid, created, str(log), self.ports if name == KUBELET else ()))
+        NodeRecord(self.name, self.instance_type, tuple(procs), self.ports, self.lnc, self.efa).save(self.layout.dir)
+
+
+def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
+    """Stop the processes ``node.json`` in ``node_dir`` names (kubelet first); return those that were running."""
+    record = NodeRecord.load(node_dir)
+    if record is None:
+        return []
+    stopped = []
+    for name in (KUBELET, FAKECRI):
+        live = [p for r in record.processes if r.name == name and (p := recorded_process(r)) is not None]
+        terminate_processes(live, timeout)
+        stopped += [f"{name}/{record.name}"] * len(live)
+    NodeRecord(record.name, record.instance_type, (), record.ports, record.lnc, record.efa).save(node_dir)
+    return stopped
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.25) -> Any:
+    """Poll ``check`` until it returns something truthy; raise ControlPlaneError naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}")
