@@ -20,10 +20,24 @@ def _ram_base() -> Path | None:
     return RAM_DIR if RAM_DIR.is_dir() and os.access(RAM_DIR, os.W_OK) else None
 
 
+_PREFIX = f"aws-accel-agents-pytest-{os.getuid()}-"
+
+
+def _clear_dead_runs(base: Path) -> None:
+    """Remove the temp trees of earlier runs whose pytest process is gone (a red run keeps its files until then)."""
+    for entry in base.glob(_PREFIX + "*"):
+        pid = entry.name.removeprefix(_PREFIX)
+        if pid.isascii() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     base = _ram_base()
     if base is not None and not config.option.basetemp:
-        config.option.basetemp = str(base / f"aws-accel-agents-pytest-{os.getuid()}")
+        # One tree per pytest process: concurrent runs (two checkouts, a benchmark) never share or delete each
+        # other's temp files.
+        _clear_dead_runs(base)
+        config.option.basetemp = str(base / f"{_PREFIX}{os.getpid()}")
         config.stash[_RAM_BASETEMP] = config.option.basetemp
 
 

@@ -545,7 +545,11 @@ class KubeletNode:
 
     def _start_kubelet(self) -> None:
         cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", self._namespace_script()]
-        proc, self._offsets[KUBELET] = spawn_logged(cmd, self.kubelet_log, cwd=self.layout.dir, detach=self._detach)
+        # An empty working directory of its own: the kubelet's container GC removes relative paths (a log path a
+        # runtime left empty resolves to the cwd), which must never reach the node's files.
+        cwd = self.layout.dir / "kubelet-cwd"
+        cwd.mkdir(exist_ok=True)
+        proc, self._offsets[KUBELET] = spawn_logged(cmd, self.kubelet_log, cwd=cwd, detach=self._detach)
         self._procs[KUBELET] = proc
 
     def _save_record(self) -> None:

@@ -7,6 +7,9 @@
 - ``fake_node``: factory for Nodes that look Ready with cpu/memory/pods capacity (no kubelet behind them).
 - ``kube_cleanup``: register objects to delete after the test.
 - ``wait`` and ``new_name``: the ``wait_until`` and ``unique_name`` helpers below.
+- ``kubelet_node``: factory for REAL kubelet nodes (the upstream kubelet with the fake CRI runtime, on a fake host of
+  an instance type), Ready and registered; stopped and deleted after the test.
+- ``daemon``: factory that runs one of our console-script daemons as a subprocess; SIGTERMed after the test.
 
 The binaries are built once by ``scripts/build-kube.sh`` if they are missing (before the first test, so
 the per-test timeout does not apply to the long first build). When a test fails, the tail of each
@@ -19,9 +22,14 @@ import contextlib
 import fcntl
 import itertools
 import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +40,13 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
 
 from accel_core.devtools.controlplane import ControlPlane
+from accel_core.devtools.kubeletnode import KubeletNode
 from accel_core.devtools.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
+from accel_core.fakehost import FakeHost, build_host
 
 _ACTIVE: list[ControlPlane] = []
+_NODES: list[KubeletNode] = []
+_DAEMON_LOGS: list[Path] = []
 _NAMES = itertools.count(1)
 BUILD_TIMEOUT_S = 3 * 3600
 
@@ -77,7 +89,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if report.failed and _ACTIVE and _uses_control_plane(item):
         report.sections.append(("control-plane logs (tail)", _ACTIVE[-1].logs_tail(25)))
+        for node in _NODES:
+            report.sections.append((f"kubelet node {node.name} (tail)", node.logs_tail(25)))
+        for log in _DAEMON_LOGS:
+            report.sections.append((f"daemon log {log.name} (tail)", _tail_text(log, 25)))
     return report
+
+
+def _tail_text(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.3) -> Any:
@@ -182,3 +205,119 @@ def wait() -> Callable[..., Any]:
 def new_name() -> Callable[[str], str]:
     """``new_name(prefix)``: see ``unique_name``."""
     return unique_name
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Real kubelet nodes and our daemons
+
+
+@dataclass
+class RealNode:
+    """A real kubelet node under test: the kubelet/fakecri pair and the fake host it stands on."""
+
+    kubelet: KubeletNode
+    host: FakeHost
+    admin_kubeconfig: Path
+
+    @property
+    def name(self) -> str:
+        return self.kubelet.name
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for a daemon of this node (paths, NODE_NAME, the admin KUBECONFIG) plus ``extra``."""
+        return {**self.kubelet.daemon_env(self.admin_kubeconfig), **extra}
+
+
+@pytest.fixture
+def kubelet_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[Callable[..., RealNode]]:
+    """Factory: ``kubelet_node("p5.48xlarge", lnc=None, efa=True, name=None)`` -> a Ready RealNode.
+
+    This is the upstream kubelet (not the stand-in): it registers the Node, calls the device plugins and DRA
+    drivers over their sockets, and asks the fake CRI runtime for the containers.
+    """
+    base = Path(tempfile.mkdtemp(prefix="kn-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    made: list[KubeletNode] = []
+
+    def make(instance_type: str, *, lnc: int | None = None, efa: bool = True, name: str | None = None) -> RealNode:
+        node_name = name or unique_name("kn")
+        node = KubeletNode(node_name, base / node_name, server=control_plane.server, pki=control_plane.pki,
+                           bin_dir=control_plane.bin_dir, instance_type=instance_type, lnc=lnc, efa=efa)
+        host = build_host(node.layout.host_root, instance_type, efa=efa, lnc=lnc)
+        made.append(node)
+        _NODES.append(node)
+        node.start()
+        node.wait_ready(timeout=120)
+        return RealNode(node, host, control_plane.admin_kubeconfig)
+
+    yield make
+    for node in made:
+        node.stop()
+        _NODES.remove(node)
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Node, node.name)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass
+class Daemon:
+    """One of our daemons running as a process (its console-script module run with this Python)."""
+
+    argv: list[str]
+    env: Mapping[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        full_env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, "PYTHONPATH": str(REPO_ROOT),
+                    **self.env}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", *self.argv], env=full_env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Signal the process and wait for it; returns its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return int(self.proc.returncode)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        return _tail_text(self.log, lines)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Console scripts -> the module ``python -m`` runs (pyproject's [project.scripts]).
+DAEMON_MODULES = {
+    "efa-device-plugin": "efa_plugin.cli",
+    "neuron-device-plugin": "neuron_dra.deviceplugin.cli",
+    "neuron-dra-driver": "neuron_dra.dra.cli",
+}
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Factory: ``daemon("efa-device-plugin", "serve", "--metrics-port", "0", env={...})`` -> a started Daemon.
+    Every daemon still running at the end of the test gets SIGTERM."""
+    started: list[Daemon] = []
+
+    def start(script: str, *args: str, env: Mapping[str, str]) -> Daemon:
+        log = tmp_path / f"{script}-{len(started)}.log"
+        d = Daemon([DAEMON_MODULES[script], *args], dict(env), log).start()
+        started.append(d)
+        _DAEMON_LOGS.append(log)
+        return d
+
+    yield start
+    for d in started:
+        if d.running():
+            d.stop()
+        _DAEMON_LOGS.remove(d.log)

@@ -78,7 +78,21 @@ func (f *runtime) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePo
 
 func (f *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 	f.rec.record("CreateContainer", req)
-	return f.RemoteRuntime.CreateContainer(ctx, req)
+	resp, err := f.RemoteRuntime.CreateContainer(ctx, req)
+	if err != nil {
+		return resp, err
+	}
+	// Report the log path a real runtime would (the sandbox's log directory plus the container's log path). The
+	// cri-api fake leaves it empty, and the kubelet's container GC then removes the directory of "" : its cwd.
+	logPath := filepath.Join(req.GetSandboxConfig().GetLogDirectory(), req.GetConfig().GetLogPath())
+	if filepath.IsAbs(logPath) {
+		f.RuntimeService.Lock()
+		if c, ok := f.RuntimeService.Containers[resp.ContainerId]; ok {
+			c.LogPath = logPath
+		}
+		f.RuntimeService.Unlock()
+	}
+	return resp, nil
 }
 
 func (f *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
