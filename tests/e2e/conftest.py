@@ -37,7 +37,7 @@ import pytest
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.core.resource import GlobalResource, NamespacedResource
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
+from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeletnode import KubeletNode
@@ -251,6 +251,13 @@ def kubelet_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[C
 
     yield make
     for node in made:
+        # Pods go first, through the kubelet (it unprepares their claims); then the node.
+        for pod in kube_client.list(Pod, namespace="*", fields={"spec.nodeName": node.name}):
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace, grace_period=0)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda n=node.name: not list(kube_client.list(Pod, namespace="*", fields={"spec.nodeName": n})),
+                       f"the pods of {node.name} gone", timeout=30)
         node.stop()
         _NODES.remove(node)
         with contextlib.suppress(ApiError):

@@ -1,0 +1,74 @@
+"""Restarts with pods running, through the REAL kubelet: devices stay with the pods that hold them.
+
+A kubelet restart deletes every socket in the device-plugins directory (the plugins must register again) and the
+kubelet restores its assignments from its own checkpoint; a daemon restart must learn again what is in use (the
+Neuron plugin reads it from the kubelet's PodResources API). In both cases a later pod gets only free devices.
+(The DRA side, kubelet restart and driver kill -9, is in test_real_kubelet_dra.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from conftest import Daemon, RealNode
+from kube_helpers import EFA, NEURON, NEURONCORE, allocatable, create_pod, pod_phase
+from lightkube import Client
+
+Wait = Callable[..., Any]
+MakeNode = Callable[..., RealNode]
+StartDaemon = Callable[..., Daemon]
+
+
+def _neurons(paths: list[str]) -> set[int]:
+    return {int(p.removeprefix("/dev/neuron")) for p in paths}
+
+
+def test_neuron_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
+        kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, namespace: str, wait: Wait) -> None:
+    node = kubelet_node("trn2.48xlarge")
+    plugin = daemon("neuron-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    wait(lambda: allocatable(kube_client, node.name, NEURON) == 16, "neuron 16", timeout=60)
+    create_pod(kube_client, namespace, "first", node.name, limits={NEURON: "4"})
+    wait(lambda: pod_phase(kube_client, namespace, "first") == "Running", "first pod Running", timeout=90)
+    (first,) = node.kubelet.containers("first", namespace)
+    held = _neurons(first.device_paths)
+
+    node.kubelet.restart_kubelet()
+    node.kubelet.wait_ready(timeout=120)
+    wait(lambda: allocatable(kube_client, node.name, NEURON) == 16, "the plugin registered again", timeout=60)
+    plugin.stop()
+    daemon("neuron-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    # The new plugin process learns from PodResources that the first pod's 4 devices (16 cores) are taken.
+    wait(lambda: allocatable(kube_client, node.name, NEURONCORE) == 64 - 16, "the held cores withdrawn again",
+         timeout=60)
+
+    assert pod_phase(kube_client, namespace, "first") == "Running"
+    assert len(node.kubelet.containers("first", namespace)) == 1, "a restart re-created the first pod's container"
+    create_pod(kube_client, namespace, "rest", node.name, limits={NEURON: "12"})
+    wait(lambda: pod_phase(kube_client, namespace, "rest") == "Running", "the 12-device pod Running", timeout=90)
+    (rest,) = node.kubelet.containers("rest", namespace)
+    assert _neurons(rest.device_paths) == set(range(16)) - held
+
+
+def test_efa_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
+        kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, namespace: str, wait: Wait) -> None:
+    node = kubelet_node("p5.48xlarge")
+    plugin = daemon("efa-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    wait(lambda: allocatable(kube_client, node.name, EFA) == 32, "efa 32", timeout=60)
+    create_pod(kube_client, namespace, "first", node.name, limits={EFA: "8"})
+    wait(lambda: pod_phase(kube_client, namespace, "first") == "Running", "first pod Running", timeout=90)
+    (first,) = node.kubelet.containers("first", namespace)
+
+    plugin.stop()
+    daemon("efa-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    node.kubelet.restart_kubelet()
+    node.kubelet.wait_ready(timeout=120)
+    wait(lambda: allocatable(kube_client, node.name, EFA) == 32, "the plugin registered again", timeout=60)
+
+    assert pod_phase(kube_client, namespace, "first") == "Running"
+    create_pod(kube_client, namespace, "rest", node.name, limits={EFA: "24"})
+    wait(lambda: pod_phase(kube_client, namespace, "rest") == "Running", "the 24-EFA pod Running", timeout=90)
+    (rest,) = node.kubelet.containers("rest", namespace)
+    assert not set(first.device_paths) & set(rest.device_paths)
+    assert len(set(first.device_paths) | set(rest.device_paths)) == 32
