@@ -1,8 +1,10 @@
-"""``accel-demo``: every daemon on fake nodes, driven by the kubelet stand-in, printing what an operator checks.
+"""``accel-demo``: every daemon on fake nodes, printing what an operator checks.
 
-The daemons run as real subprocesses (their console scripts) against fake-sysfs trees; the kubelet side is the
-small KUBELET STAND-IN from ``accel_core.devtools.kubelet_standin`` (not the kubelet). Nothing here imports driver
-code: the demo sees the daemons only through sockets, metrics and CLI output, as a node would.
+The daemons run as real subprocesses (their console scripts) against fake-sysfs trees. The first sections drive
+them with the small KUBELET STAND-IN from ``accel_core.devtools.kubelet_standin`` (not the kubelet) to show each
+RPC; the last one, when the Kubernetes binaries are built, runs REAL kubelets (with the fake CRI runtime) on a real
+control plane and shows what each pod's container received. Nothing here imports driver code: the demo sees the
+daemons only through sockets, the API, metrics and CLI output, as a node would.
 """
 
 from __future__ import annotations
@@ -177,71 +179,113 @@ spec:
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "neuron-dra" / "1x4-connected-neurons.yaml"
 
 
+def _pod(name: str, node: str, limits: dict[str, str] | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "app", "image": "public.ecr.aws/docker/library/busybox:latest",
+                                 "command": ["sleep", "infinity"]}
+    if limits:
+        container["resources"] = {"limits": limits}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": [container]}}
+
+
 async def cluster_section(work: Path) -> None:
-    """The DRA driver against a real kube-apiserver, kube-scheduler and kube-controller-manager on loopback."""
+    """Real kubelet nodes (the upstream kubelet with the fake CRI runtime) on a real control plane: one pod per
+    daemon, and what its container received."""
     from lightkube import Client, KubeConfig, codecs
-    from lightkube.resources.core_v1 import Pod
-    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+    from lightkube.resources.core_v1 import Node, Pod
 
     from accel_core.devtools.controlplane import ControlPlane
+    from accel_core.devtools.kubeletnode import KubeletNode
     from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 
-    _title("Neuron DRA driver against the real control plane (kube-apiserver, scheduler, controller-manager)")
+    _title("Real kubelets on a real control plane: an EFA pod, a Neuron device-plugin pod, a Neuron DRA pod")
     if missing_binaries(kube_bin_dir()):
-        print("  skipped: the Kubernetes binaries are not built yet; `make kube` builds them (once, ~12 min)")
+        print("  skipped: the Kubernetes binaries (kubelet, kube-apiserver, ...) are not built yet; `make kube` "
+              "builds them once (~10 min)")
+        return
+    if os.geteuid() != 0:
+        print("  skipped: a kubelet node needs root (it runs in a private mount namespace)")
         return
     if not EXAMPLE.is_file():
         print(f"  skipped: {EXAMPLE} not found (run the demo from a checkout of the repository)")
         return
-    node = "trn2-node-1"
-    host = build_host(work / "trn2-cluster-host", "trn2.48xlarge")
-    kubelet = KubeletStandIn(work / "trn2-cluster-kubelet")
-    kubelet.registry_dir.mkdir(parents=True, exist_ok=True)
     with ControlPlane(work / "cluster") as cp:
         print(f"  control plane up in {max(cp.startup_times.values()):.1f}s; kubeconfig {cp.admin_kubeconfig}")
-        cp.create_fake_node(node, labels={"node.kubernetes.io/instance-type": "trn2.48xlarge"})
         client = Client(KubeConfig.from_file(cp.admin_kubeconfig))
-        async with daemon("neuron-dra-driver", "serve", "--host-root", str(host.root), *kubelet.daemon_flags(),
-                          "--cdi-root", str(work / "cdi"), "--node-name", node, "--kubeconfig",
-                          str(cp.admin_kubeconfig), "--metrics-port", "0", "--healthcheck-port", "-1",
-                          log=work / "dra.log"):
-            slices = await _poll(lambda: list(client.list(ResourceSlice)) or None, "ResourceSlices")
-            print(f"  driver published {len(slices)} ResourceSlice(s) with "
-                  f"{sum(len(s.spec.devices or []) for s in slices)} devices for node {node}")
-            await _poll(lambda: _default_sa(client), "the default ServiceAccount")
-            for obj in codecs.load_all_yaml(DEVICE_CLASS + "---\n" + EXAMPLE.read_text()):
-                if obj.metadata and obj.kind != "DeviceClass":
-                    obj.metadata.namespace = "default"
-                client.create(obj)
-            print(f"  applied DeviceClass neuron.aws.com and {EXAMPLE.relative_to(EXAMPLE.parents[2])} "
-                  "(the AWS document's ResourceClaimTemplate and a Pod)")
+        plan = [("p5-node", "p5.48xlarge", "efa-device-plugin"), ("trn2-dp-node", "trn2.48xlarge",
+                "neuron-device-plugin"), ("trn2-dra-node", "trn2.48xlarge", "neuron-dra-driver")]
+        nodes: dict[str, KubeletNode] = {}
+        try:
+            for name, itype, _ in plan:
+                kn = KubeletNode(name, work / "nodes" / name, server=cp.server, pki=cp.pki, bin_dir=cp.bin_dir,
+                                 instance_type=itype)
+                build_host(kn.layout.host_root, itype)
+                nodes[name] = kn.start()
+            for name, itype, _ in plan:
+                nodes[name].wait_ready()
+                print(f"  kubelet node {name} ({itype}) Ready in {nodes[name].ready_seconds:.1f}s")
+            async with contextlib.AsyncExitStack() as stack:
+                for name, _, script in plan:
+                    env = nodes[name].daemon_env(cp.admin_kubeconfig)
+                    flags = [f"--{k.lower().replace('_', '-')}={v}" for k, v in env.items()
+                             if k in ("HOST_ROOT", "KUBELET_ROOT", "DEVICE_PLUGINS_DIR", "CDI_ROOT")]
+                    extra = (["--node-name", name, "--kubeconfig", str(cp.admin_kubeconfig), "--healthcheck-port",
+                              "-1"] if script == "neuron-dra-driver" else [])
+                    await stack.enter_async_context(daemon(script, "serve", *flags, *extra, "--metrics-port", "0",
+                                                           log=work / f"{name}.log"))
 
-            def allocated() -> ResourceClaim | None:
-                for claim in client.list(ResourceClaim, namespace="default"):
-                    if claim.status and claim.status.allocation:
-                        return claim
-                return None
+                def allocatable(node: str, resource: str) -> str | None:
+                    status = client.get(Node, node).status
+                    return (status.allocatable or {}).get(resource) if status else None
 
-            claim: Any = await _poll(allocated, "the claim to be allocated by kube-scheduler")
-            results = claim.status.allocation.devices.results
-            pod: Any = await _poll(lambda: _bound(client.get(Pod, "1x4-connected-neurons-workload",
-                                                             namespace="default")),
-                                   "the Pod to be bound")
-            print(f"  kube-scheduler allocated {[r.device for r in results]} and bound the Pod to "
-                  f"{pod.spec.nodeName}")
-            conn = await kubelet.register_dra("neuron.aws.com")
-            resp = await conn.prepare(("default", claim.metadata.uid, claim.metadata.name))
-            entry = resp[claim.metadata.uid]
-            ids = sorted({i for d in entry.devices for i in d.cdi_device_ids})  # type: ignore[attr-defined]
-            print(f"  NodePrepareResources ({conn.version}) -> CDI devices {ids}")
-            spec_file = next((work / "cdi").glob("*.json"))
-            env = [e for d in json.loads(spec_file.read_text())["devices"] for e in d["containerEdits"].get("env", [])]
-            print(f"  CDI spec {spec_file.name}: env {env}")
-            await conn.unprepare(("default", claim.metadata.uid, claim.metadata.name))
-            print(f"  NodeUnprepareResources -> CDI spec removed: {not spec_file.exists()}")
-            await conn.close()
-            subprocess.run([str(BIN / "neuron-dra-driver"), "remove-slices", "--node-name", node, "--kubeconfig",
-                            str(cp.admin_kubeconfig)], check=True, capture_output=True)
+                t0 = time.perf_counter()
+                await _poll(lambda: allocatable("p5-node", "vpc.amazonaws.com/efa") == "32", "EFA allocatable")
+                await _poll(lambda: allocatable("trn2-dp-node", "aws.amazon.com/neuron") == "16", "neuron allocatable")
+                print(f"  Node allocatable after the plugins registered ({time.perf_counter() - t0:.1f}s): "
+                      "p5-node vpc.amazonaws.com/efa=32; trn2-dp-node aws.amazon.com/neuron=16, neuroncore="
+                      f"{allocatable('trn2-dp-node', 'aws.amazon.com/neuroncore')}")
+                await _poll(lambda: _default_sa(client), "the default ServiceAccount")
+                client.create(codecs.from_dict(_pod("efa-pod", "p5-node", {"vpc.amazonaws.com/efa": "4"})))
+                client.create(codecs.from_dict(_pod("neuron-pod", "trn2-dp-node", {"aws.amazon.com/neuron": "4"})))
+                docs = list(codecs.load_all_yaml(DEVICE_CLASS + "---\n" + EXAMPLE.read_text()))
+                for obj in docs:
+                    if obj.kind == "Pod":
+                        obj.spec.nodeSelector = {"kubernetes.io/hostname": "trn2-dra-node"}
+                    if obj.metadata and obj.kind != "DeviceClass":
+                        obj.metadata.namespace = "default"
+                    client.create(obj)
+                dra_pod = "1x4-connected-neurons-workload"
+                for pod, node in (("efa-pod", "p5-node"), ("neuron-pod", "trn2-dp-node"),
+                                  (dra_pod, "trn2-dra-node")):
+                    t0 = time.perf_counter()
+                    def running(p: str = pod) -> bool:
+                        return _running(client.get(Pod, p, namespace="default"))
+
+                    await _poll(running, f"{pod} Running", timeout=180)
+                    (ctr,) = nodes[node].containers(pod, "default")
+                    print(f"\n  pod {pod} Running on {node} after {time.perf_counter() - t0:.1f}s; its container got:")
+                    if ctr.devices:
+                        print(f"    devices {ctr.device_paths}")
+                    envs = {k: v for k, v in ctr.envs.items() if k.startswith("NEURON")}
+                    if envs:
+                        print(f"    env {envs}")
+                    if ctr.cdi_devices:
+                        print(f"    CDI devices {list(ctr.cdi_devices)}")
+                        for spec in nodes[node].layout.cdi_root.glob("*.json"):
+                            edits = [d["containerEdits"] for d in json.loads(spec.read_text())["devices"]]
+                            paths = [n["path"] for e in edits for n in e.get("deviceNodes", [])]
+                            spec_env = [v for e in edits for v in e.get("env", [])]
+                            print(f"    which the runtime resolves from {spec.name}: devices {paths} env {spec_env}")
+                print("\n  (the fake CRI runtime records what the real kubelet asked for; nothing is run)")
+                for pod in ("efa-pod", "neuron-pod", dra_pod):
+                    client.delete(Pod, pod, namespace="default", grace_period=0)
+        finally:
+            for kn in nodes.values():
+                kn.stop()
+
+
+def _running(pod: Any) -> bool:
+    return bool(pod.status and pod.status.phase == "Running")
 
 
 def _default_sa(client: Any) -> bool:
@@ -252,10 +296,6 @@ def _default_sa(client: Any) -> bool:
         return bool(client.get(ServiceAccount, "default", namespace="default"))
     except ApiError:
         return False
-
-
-def _bound(pod: Any) -> Any:
-    return pod if pod.spec and pod.spec.nodeName else None
 
 
 async def _poll(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
