@@ -7,7 +7,8 @@ driver's domain (CEL ``device.attributes['neuron.aws.com'].deviceId``):
   ``resourceType`` = ``neuron_device``, ``deviceName`` (``Trainium2``), ``numaNode`` (int, when known);
 - on the 4x4 torus: ``topology_x`` (row), ``topology_y`` (column), ``topology4_id`` (row id, ``i // 4``),
   ``topology8_id`` (two-row id, ``i // 8``);
-- on EFA-enabled instance types: ``resource.aws.com/devicegroup{1,4,8,16}_id`` (see :mod:`neuron_dra.devicegroups`);
+- on EFA-enabled instance types: ``resource.aws.com/devicegroup{1,4,8,16}_id``
+  (see :mod:`accel_core.awsfacts.neuron_efa`);
 - ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID`` when the PCI function is known.
 
 Capacity: ``memory`` (device HBM, bytes) and ``cores`` (physical NeuronCores).
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
 from accel_core.dra.slices import AttributeValue, SliceDevice, Taint, Version
-from neuron_dra.devicegroups import neuron_device_group_ids
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra.health import DeviceCondition
 

@@ -32,7 +32,7 @@ from chart_render import (
     template,
 )
 
-from accel_core.fakehost import catalog
+from accel_core.awsfacts import catalog
 
 DRA_DS = "neuron-dra-driver-kubelet-plugin"
 DP_DS = "neuron-device-plugin"
