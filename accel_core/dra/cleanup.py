@@ -20,18 +20,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from accel_core.dra.claims import ClaimReader
+from accel_core.dra.metrics import DriverMetrics
+from accel_core.dra.prepared import PreparedClaim
+from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, PreparedDevice
 from accel_core.logs import kv
-from neuron_dra.dra.claims import ClaimReader
-from neuron_dra.dra.metrics import DriverMetrics
-from neuron_dra.dra.prepared import PreparedClaim
-from neuron_dra.dra.store import ClaimStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CLEANUP_INTERVAL = 600.0
 
-#: ``reason`` label values of ``neuron_dra_stale_claims_cleaned_total``.
+#: ``reason`` label values of ``<prefix>_stale_claims_cleaned_total``.
 REASON_DELETED = "deleted"
 REASON_REPLACED = "replaced"
 REASON_NOT_ALLOCATED = "not_allocated"
@@ -117,5 +117,5 @@ class StaleClaimCleaner:
             return False
         self.metrics.stale_claims_cleaned.labels(why.reason).inc()
         log.info("unprepared stale claim", extra=kv(claim=entry.describe(), state=entry.state, reason=why.reason,
-                                                    why=why.message, devices=list(entry.indices)))
+                                                    why=why.message, devices=list(entry.devices)))
         return True

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from accel_core.dra.config import OpaqueEntry
 from accel_core.dra.types import ClaimError, ClaimRef
-from neuron_dra.dra.config import OpaqueEntry
 
 
 @dataclass(frozen=True)
