@@ -1,6 +1,7 @@
 """The DRA handler for any driver profile: prepare and unprepare claims (the kubelet side), report device health.
 
-Prepare, for each claim the kubelet names:
+Prepare, for each claim the kubelet names (after checking its namespace, name and UID: a bad one fails that claim
+before anything is read or recorded):
 
 1. a claim already prepared (``PrepareCompleted`` in the checkpoint) gets the same answer again, and its CDI
    spec is re-created if it went missing; nothing else is read;
@@ -9,10 +10,13 @@ Prepare, for each claim the kubelet names:
 3. opaque configs are decoded strictly (class configs first, claim configs win);
 4. the profile turns each request's devices and config into container edits (and refuses unknown devices);
 5. no device may be held by another claim (the last line of defence against handing a device out twice);
-6. the checkpoint records ``PrepareStarted``, the CDI spec is written, the checkpoint records ``PrepareCompleted``.
+6. the CDI names are checked, then the checkpoint records ``PrepareStarted``, the CDI spec is written, and the
+   checkpoint records ``PrepareCompleted``.
 
 Unprepare removes the CDI spec and the checkpoint entry; an unknown claim (already unprepared, or never prepared
-here) is not an error, and the API server is never consulted, so deleted claims unprepare fine.
+here) is not an error, and the API server is never consulted, so deleted claims unprepare fine. Whatever the
+kubelet sends, an existing entry is always removed (a spec that cannot be removed is logged), so no entry can
+keep its devices reserved for ever.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.dra.claims import ClaimReader, allocated_for_node
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.metrics import DriverMetrics
+from accel_core.dra.names import check_claim_ref
 from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore
@@ -100,6 +105,7 @@ class DraDriver:
             raise
 
     async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        check_claim_ref(claim)
         if self.store.error:
             raise ClaimError(f"checkpoint {self.store.path} is unusable ({self.store.error}); refusing to prepare so "
                              "no device is handed out twice")
@@ -123,6 +129,10 @@ class DraDriver:
             holder = self.store.holder(device, other_than=claim.uid)
             if holder is not None:
                 raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
+        try:
+            self.cdi.check(plan.uid, (name for name, _ in plan.cdi_devices()))
+        except CdiError as exc:
+            raise ClaimError(str(exc)) from exc
         try:
             self.store.put(plan)
             self.cdi.write(plan.uid, plan.cdi_devices())
@@ -166,7 +176,11 @@ class DraDriver:
 
     # -- unprepare -------------------------------------------------------------------------------------------------
     async def unprepare(self, claim: ClaimRef) -> None:
-        self.cdi.remove(claim.uid)
+        try:
+            self.cdi.remove(claim.uid)
+        except CdiError as exc:  # the entry still goes: a spec no claim refers to cannot hand out a device
+            log.warning("could not remove the CDI spec; clearing the claim all the same",
+                        extra=kv(claim=str(claim), error=exc))
         if self.store.error:
             log.warning("checkpoint unusable; removed the CDI spec only", extra=kv(claim=str(claim)))
             return
