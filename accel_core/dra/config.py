@@ -7,18 +7,23 @@ Every entry for the driver is decoded, applicable or not, so a bad config fails 
 
 A driver's config type is a frozen dataclass whose fields default to None ("not set"); overriding keeps the fields
 the later config leaves unset. The driver profile decodes one entry's parameters; the helpers here do the checks
-every decoder makes (an object, the apiVersion and kind, no unknown field).
+every decoder makes: the parameters are a JSON object (a string holding JSON is refused), the apiVersion and kind
+are the driver's, and there is no unknown field. Errors stay short whatever the input (a few field names, each
+cut to 40 characters, and a count of the rest).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 ConfigT = TypeVar("ConfigT")
+
+
+MAX_SHOWN = 5
+"""Unknown field names an error lists before it says how many more there are."""
 
 
 class ConfigError(ValueError):
@@ -48,24 +53,34 @@ class OpaqueEntry:
 
 
 def parameters_object(raw: Any, where: str) -> Mapping[str, Any]:
-    """The parameters as a mapping (a mapping, or JSON text/bytes); ConfigError otherwise."""
-    if isinstance(raw, bytes | bytearray):
-        raw = raw.decode("utf-8", "replace")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: parameters are not valid JSON: {exc}") from exc
+    """The parameters, which must be a JSON object (never text to parse: that is not what the API server stores)."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: parameters must be an object, got {type(raw).__name__}")
+        raise ConfigError(f"{where}: parameters must be an object, got {_json_type(raw)}")
     return raw
 
 
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str | bytes | bytearray):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return type(value).__name__
+
+
 def check_fields(raw: Mapping[str, Any], where: str, known: Sequence[str]) -> None:
-    """ConfigError naming the unknown fields, if any."""
-    unknown = sorted(str(k) for k in raw if k not in known)
+    """ConfigError naming the unknown fields, if any: the first few, each cut short, and how many more."""
+    unknown = [k for k in raw if k not in known]
     if unknown:
-        raise ConfigError(f"{where}: strict decoding error: unknown field {', '.join(repr(u) for u in unknown)} "
+        first = sorted(str(k) for k in unknown[:200])[:MAX_SHOWN]
+        names = ", ".join(repr(k if len(k) <= 40 else k[:40] + "...") for k in first)
+        more = f" and {len(unknown) - len(first)} more" if len(unknown) > len(first) else ""
+        raise ConfigError(f"{where}: strict decoding error: unknown field {names}{more} "
                           f"(known: {', '.join(known)})")
 
 
