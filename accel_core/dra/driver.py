@@ -17,10 +17,14 @@ Unprepare removes the CDI spec and the checkpoint entry; an unknown claim (alrea
 here) is not an error, and the API server is never consulted, so deleted claims unprepare fine. Whatever the
 kubelet sends, an existing entry is always removed (a spec that cannot be removed is logged), so no entry can
 keep its devices reserved for ever.
+
+Everything that touches files (the device-plugin guard, fsync'd checkpoint and CDI writes) runs in a worker
+thread, never on the event loop; the plugin serializes calls, so one claim is worked on at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -111,9 +115,9 @@ class DraDriver:
                              "no device is handed out twice")
         existing = self.store.get(claim.uid)
         if existing is not None and existing.state == STATE_COMPLETED:
-            self._ensure_spec(existing)
+            await asyncio.to_thread(self._ensure_spec, existing)
             return existing.prepared_devices(self.cdi.qualified)
-        reason = self._blocked()
+        reason = await asyncio.to_thread(self._blocked)
         if reason:
             raise ClaimError(reason)
 
@@ -133,6 +137,13 @@ class DraDriver:
             self.cdi.check(plan.uid, (name for name, _ in plan.cdi_devices()))
         except CdiError as exc:
             raise ClaimError(str(exc)) from exc
+        done = await asyncio.to_thread(self._record, plan)
+        self.last_local_seconds = time.perf_counter() - local_start
+        self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
+        return done.prepared_devices(self.cdi.qualified)
+
+    def _record(self, plan: PreparedClaim) -> PreparedClaim:
+        """Checkpoint ``PrepareStarted``, write the CDI spec, checkpoint ``PrepareCompleted`` (in a worker thread)."""
         try:
             self.store.put(plan)
             self.cdi.write(plan.uid, plan.cdi_devices())
@@ -141,9 +152,7 @@ class DraDriver:
         except (OSError, CdiError) as exc:
             raise ClaimError(f"cannot record the prepared claim: {exc}") from exc
         self._update_gauges()
-        self.last_local_seconds = time.perf_counter() - local_start
-        self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
-        return done.prepared_devices(self.cdi.qualified)
+        return done
 
     def _plan(self, claim: ClaimRef, data: Mapping[str, Any] | None) -> PreparedClaim:
         """Which devices and edits each request gets (ClaimError for anything wrong with the claim)."""
@@ -176,6 +185,9 @@ class DraDriver:
 
     # -- unprepare -------------------------------------------------------------------------------------------------
     async def unprepare(self, claim: ClaimRef) -> None:
+        await asyncio.to_thread(self._unprepare, claim)
+
+    def _unprepare(self, claim: ClaimRef) -> None:
         try:
             self.cdi.remove(claim.uid)
         except CdiError as exc:  # the entry still goes: a spec no claim refers to cannot hand out a device

@@ -1,6 +1,8 @@
 """A DRA driver's ``serve``: wires a profile, the handler, the kubelet plugin, the slice publisher, the liveness
 probe, the stale-claim cleaner and the host watcher together on one event loop.
 
+Host scans, the checkpoint load and CDI restores run in a worker thread; the event loop only waits for them.
+
 Start-up order: scan the host, load the checkpoint and re-create lost CDI specs, serve the DRA and registration
 sockets, start the liveness service, hand the complete device list to the publisher. Afterwards every host
 change (inotify on the profile's watch paths, udev, and a periodic rescan that also catches counters and /dev
@@ -93,7 +95,7 @@ class DraService:
         self.dra_version = dra_version or dra_driver_version()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = DriverMetrics(self.registry, profile.metrics_prefix)
-        self.scan: Scan[Any] = profile.scan(paths, self.dra_version)
+        self.scan: Scan[Any] = Scan(None, ())  # the first real scan is the first thing run() does
         self.cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor(self.driver_name), CDI_CLASS)
         data_dir = paths.plugins_data_dir / self.driver_name
         self.store = ClaimStore(data_dir / "checkpoint.json", read_boot_id(paths.host_root))
@@ -124,11 +126,14 @@ class DraService:
     def watch_paths(self) -> list[Path]:
         return self.profile.watch_paths(self.paths, self.inventory)
 
-    def rescan(self) -> Scan[Any]:
-        """Re-read the host and hand the result to the publisher; returns what it found."""
-        self.scan = self.profile.scan(self.paths, self.dra_version)
+    def _look(self) -> tuple[Scan[Any], str | None]:
+        """The host scan and the guard, read together in a worker thread."""
+        return self.profile.scan(self.paths, self.dra_version), self.blocked()
+
+    async def rescan(self) -> Scan[Any]:
+        """Re-read the host (off the event loop) and hand the result to the publisher; returns what it found."""
+        self.scan, reason = await asyncio.to_thread(self._look)
         self._problems.update(("", p) for p in self.scan.problems)
-        reason = self.blocked()
         if reason != self._blocked_logged:
             if reason:
                 log.warning("publishing nothing", extra=kv(driver=self.driver_name, reason=reason))
@@ -149,17 +154,17 @@ class DraService:
 
     # -- life cycle ------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        await self.rescan()
         if self.scan.devices:
             log.info("devices found", extra=kv(driver=self.driver_name, node=self.node_name,
                                                devices=len(self.scan.devices), **self.scan.summary))
         else:
             log.info("no devices on this node; publishing no ResourceSlices and staying up",
                      extra=kv(driver=self.driver_name, node=self.node_name, host_root=str(self.paths.host_root)))
-        loaded = self.store.load()
-        restored = self.driver.restore()
+        loaded = await asyncio.to_thread(self.store.load)
+        restored = await asyncio.to_thread(self.driver.restore)
         log.info("checkpoint loaded", extra=kv(path=str(self.store.path), claims=loaded.claims,
                                                rebooted=loaded.rebooted, cdi_specs_recreated=len(restored)))
-        self.rescan()
         self.driver.set_health(self._health())
         await self.plugin.start()
         if self.liveness is not None:
@@ -192,7 +197,7 @@ class DraService:
                         with contextlib.suppress(asyncio.CancelledError):
                             await change
                         break
-                    self.rescan()
+                    await self.rescan()
                     now = loop.time()
                     health = self._health()
                     if self.driver.set_health(health):
