@@ -13,7 +13,9 @@ Sources (all below the host root of :class:`~accel_core.paths.HostPaths`):
   that PCI function is really there.
 
 Nothing here raises for bad host files: each bad value becomes a problem string naming the file, and the value
-falls back to the instance catalog (or the architecture's defaults).
+falls back to the instance catalog (or the architecture's defaults). A problem that matters for health is a typed
+:class:`~accel_core.health.Problem` (device gone, /dev node gone); :mod:`neuron_dra.health` is the one rule that
+turns these and the ECC counters into device health, for the device plugin and the DRA driver alike.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accel_core.awsfacts import neuron as neuron_facts
+from accel_core.health import Problem, ProblemKind
 from accel_core.hostinfo import DMI_PRODUCT_NAMES, pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from neuron_dra.instances import ExpectedLayout, expected_layout
@@ -321,9 +324,9 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
         has_sysfs = reader.exists(base)
         has_node = reader.exists(dev_node)
         if not has_sysfs:
-            dev_problems.append(f"{base}: missing (device gone from the driver)")
+            dev_problems.append(Problem(f"{base}: missing (device gone from the driver)", ProblemKind.DEVICE_MISSING))
         if not has_node:
-            dev_problems.append(f"{dev_node}: missing")
+            dev_problems.append(Problem(f"{dev_node}: missing", ProblemKind.DEV_NODE_MISSING))
         present = has_sysfs and has_node
         arch, name = _arch_of(reader, base, expected, instance_type)
         cores = _core_count(reader, base, has_sysfs, dev_problems)

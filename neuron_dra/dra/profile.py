@@ -1,7 +1,8 @@
 """The Neuron DRA driver ``neuron.aws.com`` as a profile of the generic DRA core (:mod:`accel_core.dra`).
 
 - devices: one per Neuron device (chip), ``neuron-device-<i>``, with the attributes of :mod:`.attributes`;
-- health: :mod:`.health` (device or /dev node gone, uncorrected ECC errors) becomes a taint and the kubelet's
+- health: :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors), the rule the Neuron
+  device plugin uses too, becomes a taint and the kubelet's
   health stream;
 - config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request;
 - container edits: ``/dev/neuron<i>`` per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of
@@ -21,13 +22,12 @@ from pathlib import Path
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
-from accel_core.health import DeviceHealth
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
 from neuron_dra.dra.attributes import DRIVER_NAME, device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.dra.guard import blocked_reason
-from neuron_dra.dra.health import assess
+from neuron_dra.health import assess
 from neuron_dra.runtime_env import LNC_ENV, VISIBLE_CORES_ENV, format_core_list, visible_cores
 
 
@@ -46,8 +46,7 @@ class NeuronProfile:
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[NeuronInventory]:
         inv = self._with_last_known_slots(discover(paths, known=self._known))
         self._known.update(d.index for d in inv.devices)
-        health = {device_name(i): DeviceHealth(c.healthy, c.reason, c.message)
-                  for i, c in sorted(assess(inv).items())}
+        health = {device_name(i): state for i, state in assess(inv).items()}
         summary = {"instance_type": inv.instance_type or None, "topology": inv.topology.kind, "lnc": inv.lnc,
                    "driver_version": inv.driver_version}
         return Scan(inv, tuple(slice_devices(inv, dra_version)), health, tuple(inv.all_problems()), summary)

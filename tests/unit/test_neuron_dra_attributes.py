@@ -21,7 +21,7 @@ from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
-from neuron_dra.dra.health import assess
+from neuron_dra.health import assess
 
 NEURON_TYPES = [t for t in catalog.names() if catalog.get(t).neuron is not None]
 
