@@ -4,7 +4,9 @@ Both handing out the same devices would oversubscribe them silently, so each ste
 there: the DRA driver publishes no devices and prepares nothing while the device plugin's socket is in the
 kubelet's device-plugins directory, and the device plugin advertises nothing while the DRA driver's registration
 socket (``<driver>-reg.sock``, or ``<driver>-<pod uid>-reg.sock`` during a rolling update) is in the plugins
-registry. Only sockets count (a stale regular file does not), and names starting with ``.`` never do.
+registry. Names starting with ``.`` never count. The DRA driver counts only live sockets; the device plugin also
+counts any other file of that name (the safe side: advertising nothing is better than handing a device out
+twice), and says which file it is.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def sockets(directory: Path, wanted: Callable[[str], bool]) -> list[str]:
-    """Names of unix sockets in ``directory`` that ``wanted`` accepts, sorted ([] when it cannot be read)."""
+def sockets(directory: Path, wanted: Callable[[str], bool], *, any_file: bool = False) -> list[str]:
+    """Names of unix sockets (or of any entry, with ``any_file``) in ``directory`` that ``wanted`` accepts,
+    sorted ([] when the directory cannot be read)."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -26,7 +29,7 @@ def sockets(directory: Path, wanted: Callable[[str], bool]) -> list[str]:
         if entry.name.startswith(".") or not wanted(entry.name):
             continue
         try:
-            if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+            if any_file or stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
                 found.append(entry.name)
         except OSError:
             continue
@@ -34,8 +37,8 @@ def sockets(directory: Path, wanted: Callable[[str], bool]) -> list[str]:
 
 
 def dra_registration_sockets(registry_dir: Path, driver: str) -> list[str]:
-    """The DRA driver's registration sockets in the kubelet's plugins registry."""
-    return sockets(registry_dir, lambda n: n.startswith(f"{driver}-") and n.endswith("-reg.sock"))
+    """The DRA driver's registration sockets (or files of that name) in the kubelet's plugins registry."""
+    return sockets(registry_dir, lambda n: n.startswith(f"{driver}-") and n.endswith("-reg.sock"), any_file=True)
 
 
 def device_plugin_blocks_dra(device_plugins_dir: Path, socket_names: tuple[str, ...], what: str) -> str | None:
