@@ -14,23 +14,32 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.dra.service import DraService
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
+from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
 
-DRIVER = "neuron.aws.com"
 NODE = "node-a"
+#: (profile, fake host, a device of it): the core behaves the same for every driver.
+DRIVERS = {
+    "neuron.aws.com": (NeuronProfile, "inf2.xlarge", "neuron-device-0"),
+    "efa.aws.com": (EfaProfile, "p4d.24xlarge", "efa-0000-10-1b-0"),
+}
 
 
 class Reader:
+    def __init__(self, driver: str, device: str) -> None:
+        self.driver, self.device = driver, device
+
     async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return {"metadata": {"namespace": namespace, "name": name, "uid": "u-1"},
                 "status": {"allocation": {"devices": {"results": [
-                    {"request": "r", "driver": DRIVER, "pool": NODE, "device": "neuron-device-0"}]}}}}
+                    {"request": "r", "driver": self.driver, "pool": NODE, "device": self.device}]}}}}
 
 
 async def liveness(port: int) -> tuple[int, float]:
@@ -69,16 +78,18 @@ class OtherInstance:
         self._thread.join(10)
 
 
-def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_tmp: Path) -> None:
-    build_host(short_tmp / "h", "inf2.xlarge")
+@pytest.mark.parametrize("driver", sorted(DRIVERS))
+def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_tmp: Path, driver: str) -> None:
+    profile, instance_type, device = DRIVERS[driver]
+    build_host(short_tmp / "h", instance_type)
     paths = HostPaths(host_root=short_tmp / "h", kubelet_root=short_tmp / "k", cdi_root=short_tmp / "cdi")
     standin = KubeletStandIn(paths.kubelet_root)
     standin.registry_dir.mkdir(parents=True, exist_ok=True)
 
     async def scenario() -> None:
-        service = DraService(NeuronProfile(), paths, node_name=NODE, client=None, pod_uid="new-pod",
+        service = DraService(profile(), paths, node_name=NODE, client=None, pod_uid="new-pod",
                              healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=0.3)
-        service.driver.reader = Reader()
+        service.driver.reader = Reader(driver, device)
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         await asyncio.wait_for(service.ready.wait(), 10)
@@ -87,7 +98,7 @@ def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_
         # a driver that blocks its loop on the lock fails this test instead of hanging it)
         other = OtherInstance(service.plugin.data_dir / "serialize.lock")
         try:
-            conn = await standin.register_dra(DRIVER)  # registration answers
+            conn = await standin.register_dra(driver)  # registration answers
             prepare = asyncio.create_task(conn.prepare(("ns", "u-1", "c")))
             start = time.perf_counter()
             await asyncio.sleep(0.3)
@@ -98,13 +109,13 @@ def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_
             assert status == SERVING and seconds < 1.0, f"liveness took {seconds:.2f}s while the lock was held"
             stream = conn.watch_health()
             first = await asyncio.wait_for(stream.read(), 2)
-            assert [d.device.device_name for d in first.devices] == ["neuron-device-0"]
+            assert device in [d.device.device_name for d in first.devices]
             await asyncio.wait_for(stream.read(), 2)  # the periodic refresh still flows
             stream.cancel()
         finally:
             other.release()
         result: Any = await asyncio.wait_for(prepare, 5)
-        assert result["u-1"].error == "" and [d.device_name for d in result["u-1"].devices] == ["neuron-device-0"]
+        assert result["u-1"].error == "" and [d.device_name for d in result["u-1"].devices] == [device]
         await conn.close()
         stop.set()
         await asyncio.wait_for(task, 10)
