@@ -1,12 +1,14 @@
 # syntax=docker/dockerfile:1
-# One image for every daemon of aws-accel-agents: efa-device-plugin, neuron-device-plugin, neuron-dra-driver (and the
-# read-only inspection commands). The Helm charts pick the daemon with `command:`.
+# One image for every daemon of aws-accel-agents: efa-device-plugin, efa-dra-driver, neuron-device-plugin,
+# neuron-dra-driver (and the read-only inspection commands). The Helm charts pick the daemon with `command:`.
+# The dev-only code (accel_core/fakehost, accel_core/devtools) is left out by .dockerignore: no daemon needs it.
 #
 #   docker build -t aws-accel-agents:0.1.0 .
 #   docker build --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest> ...   # pin by digest too
 #
 # Stage 1 builds the project wheel and collects the wheels of its dependencies; stage 2 installs exactly those wheels
-# (no index, no compiler, no source tree) and then removes pip itself.
+# (no index, no compiler, no source tree) and then removes pip itself, and the dev tools' console scripts (their
+# modules are not in the image).
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
@@ -30,11 +32,13 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/aws_accel_agents-*.whl \
     && pip uninstall --yes --quiet pip setuptools wheel \
     && python -c "import pyudev; pyudev.Context()" \
+    && rm -f /usr/local/bin/fake-sysfs /usr/local/bin/accel-demo /usr/local/bin/accel-cluster \
     && efa-device-plugin --help >/dev/null \
+    && efa-dra-driver --help >/dev/null \
     && neuron-device-plugin --help >/dev/null \
     && neuron-dra-driver --help >/dev/null
 LABEL org.opencontainers.image.title="aws-accel-agents" \
-      org.opencontainers.image.description="Kubernetes node agents for AWS accelerators: EFA and Neuron device plugins, Neuron DRA driver" \
+      org.opencontainers.image.description="Kubernetes node agents for AWS accelerators: EFA and Neuron device plugins and DRA drivers" \
       org.opencontainers.image.licenses="Apache-2.0"
 # No USER: the daemons need uid 0 because the kubelet's socket directories belong to root. The charts run them with
 # every capability dropped, no privilege escalation and a read-only root filesystem.

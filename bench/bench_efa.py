@@ -60,7 +60,8 @@ def start_daemon(host: FakeHost, kubelet_root: Path, metrics_port: int) -> subpr
     return subprocess.Popen(
         [sys.executable, "-m", "efa_plugin.cli", "serve", "--host-root", str(host.root),
          "--kubelet-root", str(kubelet_root),
-         "--device-plugins-dir", str(kubelet_root / "device-plugins"), "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1"],
+         "--device-plugins-dir", str(kubelet_root / "device-plugins"), "--metrics-port", str(metrics_port),
+         "--metrics-address", "127.0.0.1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 

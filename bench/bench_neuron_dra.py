@@ -39,14 +39,15 @@ from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimRef
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import discover
-from neuron_dra.dra.claims import ApiClaimReader
-from neuron_dra.dra.driver import CDI_CLASS, CDI_VENDOR, NeuronDriver
-from neuron_dra.dra.store import ClaimStore
+from neuron_dra.dra.profile import NeuronProfile
 
 REPO = Path(__file__).resolve().parents[1]
 NODE = "bench-node"
@@ -78,7 +79,7 @@ class DictReader:
         return self.claims.get((namespace, name))
 
 
-def make_driver(root: Path, reader: Any) -> tuple[NeuronDriver, HostPaths]:
+def make_driver(root: Path, reader: Any) -> tuple[DraDriver, HostPaths]:
     paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                       device_plugins=root / "kubelet" / "device-plugins")
     if not paths.host_root.exists():
@@ -86,8 +87,9 @@ def make_driver(root: Path, reader: Any) -> tuple[NeuronDriver, HostPaths]:
     inv = discover(paths)
     store = ClaimStore(paths.plugins_data_dir / DRIVER / "checkpoint.json", read_boot_id(paths.host_root))
     store.load()
-    driver = NeuronDriver(node_name=NODE, reader=reader, cdi=CdiSpecWriter(paths.cdi_root, CDI_VENDOR, CDI_CLASS),
-                          store=store, inventory=lambda: inv)
+    driver = DraDriver(NeuronProfile(), node_name=NODE, reader=reader,
+                       cdi=CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS), store=store,
+                       inventory=lambda: inv)
     return driver, paths
 
 

@@ -7,7 +7,8 @@ that function's driver is ``efa`` or its IDs are vendor 0x1d0f / device 0xefa0-0
 
 Nothing here raises for a bad host file. An entry that cannot be identified becomes a *skipped* problem naming the
 path; a device that is identified but degraded (port not ACTIVE, device node missing, malformed ``numa_node``)
-carries *problems* that make it Unhealthy.
+carries *problems* that make it Unhealthy, each a typed :class:`~accel_core.health.Problem` whose kind the one
+EFA health rule (:mod:`efa_plugin.health`) reads.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from accel_core.health import Problem, ProblemKind
 from accel_core.hostinfo import pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from efa_plugin.neuron_map import neuron_table
@@ -56,6 +58,8 @@ class EfaDevice:
     near_gpus: tuple[str, ...] = ()  #: PCI addresses of NVIDIA GPUs on the same PCIe root
     near_neurons: tuple[int, ...] = ()  #: Neuron device indices this EFA serves (trn mapping tables)
     problems: tuple[str, ...] = ()  #: why it is Unhealthy; each names the path it comes from
+    link_layer: str | None = None  #: ``ports/1/link_layer`` (``Unknown`` on EFA)
+    firmware_version: str | None = None  #: ``fw_ver``, when sysfs has it
 
     @property
     def healthy(self) -> bool:
@@ -235,7 +239,8 @@ class _Context:
             try:
                 numa_node = int(numa_text)
             except ValueError:
-                problems.append(f"{self._shown(numa_file)}: not a number ({numa_text[:40]!r})")
+                problems.append(Problem(f"{self._shown(numa_file)}: not a number ({numa_text[:40]!r})",
+                                        ProblemKind.BAD_HOST_FILE))
             else:
                 if numa_node < 0:
                     numa_node = None
@@ -267,6 +272,8 @@ class _Context:
             near_gpus=tuple(self._gpus_on(root)) if root else (),
             near_neurons=self.neurons.get(pci_address, ()),
             problems=tuple(problems),
+            link_layer=_read_or_none(f"{ib_dir}/ports/{port_states[0][0]}/link_layer") if port_states else None,
+            firmware_version=_read_or_none(f"{ib_dir}/fw_ver") or None,
         )
 
     def _shown(self, path: str) -> str:
@@ -333,17 +340,18 @@ def _not_efa_reason(pci_dir: str) -> str | None:
     return f"not an EFA (driver {driver or 'none'}, PCI {ids})"
 
 
-def _device_node_problem(host_path: str, node: str, major: int | None, minor: int | None) -> str | None:
+def _device_node_problem(host_path: str, node: str, major: int | None, minor: int | None) -> Problem | None:
     try:
         st = os.stat(host_path)
     except FileNotFoundError:
-        return f"{node}: device node missing"
+        return Problem(f"{node}: device node missing", ProblemKind.DEV_NODE_MISSING)
     except OSError as exc:
-        return f"{node}: {_why(exc)}"
+        return Problem(f"{node}: {_why(exc)}", ProblemKind.DEV_NODE_MISSING)
     if stat.S_ISCHR(st.st_mode) and major is not None:
         actual = (os.major(st.st_rdev), os.minor(st.st_rdev))
         if actual != (major, minor):
-            return f"{node}: device node is {actual[0]}:{actual[1]} but sysfs says {major}:{minor}"
+            return Problem(f"{node}: device node is {actual[0]}:{actual[1]} but sysfs says {major}:{minor}",
+                           ProblemKind.DEV_NODE_MISSING)
     return None
 
 
@@ -353,18 +361,18 @@ def _ports(ib_dir: str, ibdev: str) -> tuple[tuple[tuple[int, str], ...], list[s
     try:
         ports = sorted(int(p) for p in os.listdir(f"{ib_dir}/ports") if p.isdigit())
     except OSError as exc:
-        return (), [f"{shown}: cannot list ports ({_why(exc)})"]
+        return (), [Problem(f"{shown}: cannot list ports ({_why(exc)})", ProblemKind.BAD_HOST_FILE)]
     if not ports:
-        return (), [f"{shown}: no ports"]
+        return (), [Problem(f"{shown}: no ports", ProblemKind.LINK_DOWN)]
     states: list[tuple[int, str]] = []
     problems: list[str] = []
     for port in ports:
         text = _read_or_none(f"{ib_dir}/ports/{port}/state")
         if text is None:
-            problems.append(f"{shown}/{port}/state: unreadable")
+            problems.append(Problem(f"{shown}/{port}/state: unreadable", ProblemKind.BAD_HOST_FILE))
             continue
         state = text.split(":", 1)[-1].strip() or text  # "4: ACTIVE" -> "ACTIVE"
         states.append((port, state))
         if state != "ACTIVE":
-            problems.append(f"{shown}/{port}/state: port is {state}, not ACTIVE")
+            problems.append(Problem(f"{shown}/{port}/state: port is {state}, not ACTIVE", ProblemKind.LINK_DOWN))
     return tuple(states), problems

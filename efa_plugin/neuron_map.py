@@ -1,14 +1,14 @@
 """Which Neuron devices each EFA serves on Trainium instances.
 
 On Trainium the PCIe root is not a good affinity key, so the plugin looks the EFA's PCI address up in the AWS
-Neuron-to-EFA mapping tables. Those tables live once, in :mod:`neuron_dra.devicegroups` (the DRA driver computes
-its ``devicegroup*_id`` attributes from the same data); this module only inverts them. The instance type comes
+Neuron-to-EFA mapping tables. Those tables live once, in :mod:`accel_core.awsfacts.neuron_efa` (both DRA drivers
+compute their ``devicegroup*_id`` attributes from the same data); this module only inverts them. The instance type comes
 from the DMI ``product_name``; types without a table get no Neuron proximity.
 """
 
 from __future__ import annotations
 
-from neuron_dra.devicegroups import efa_table
+from accel_core.awsfacts.neuron_efa import efa_table
 
 
 def neuron_table(instance_type: str | None) -> dict[str, tuple[int, ...]]:

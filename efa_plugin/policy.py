@@ -6,23 +6,25 @@ node's capacity does not silently shrink and nothing is scheduled onto it.
 
 Allocate gives one DeviceSpec per device, ``/dev/infiniband/uverbsN`` with ``rw``, and nothing else: no hostPath of
 ``/dev/infiniband`` (which would expose non-EFA uverbs, umad and issm nodes), no ``rdma_cm`` (EFA does not use it).
+While the EFA DRA driver (``efa.aws.com``) is registered on the node, nothing is advertised.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from accel_core.coexistence import dra_blocks_device_plugin
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
-from efa_plugin import RESOURCE_NAME, SOCKET_NAME
+from efa_plugin import DRA_DRIVER_NAME, RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.allocation import Topology
-from efa_plugin.discovery import CLASS_IB, CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
+from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaInventory, discover
+from efa_plugin.health import SeenDevices, device_health
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class EfaPolicy:
         self._discover = discover_fn
         self._inventory = EfaInventory()
         self._topology = Topology(())
-        self._seen: dict[str, EfaDevice] = {}
+        self._seen = SeenDevices()
         self._problems = ProblemLog(log, "EFA device unhealthy", "EFA problem cleared",
                                     appeared_without_subject="EFA entry skipped")
         self._announced_empty = False
@@ -58,18 +60,10 @@ class EfaPolicy:
     def rediscover(self) -> bool:
         """Re-read the host; log what changed (once per problem); returns True when the inventory changed."""
         found = self._discover(self.paths)
-        devices = {d.id: d for d in found.devices}
-        for device_id, last in self._seen.items():
-            if device_id not in devices:
-                gone = f"{CLASS_IB}/{last.ibdev} and {CLASS_VERBS}/{last.uverbs} are gone (device detached?)"
-                devices[device_id] = dataclasses.replace(last, problems=(gone,))
-        for dev in found.devices:
-            if dev.id not in self._seen:
-                log.info("EFA device found", extra=kv(device=dev.ibdev, uverbs=dev.uverbs, pci=dev.pci_address,
-                                                      numa=dev.numa_node, pcie_root=dev.pcie_root,
-                                                      port=dev.port_state))
-            self._seen[dev.id] = dev
-        inventory = dataclasses.replace(found, devices=tuple(sorted(devices.values(), key=lambda d: d.id)))
+        inventory, new = self._seen.update(found)
+        for dev in new:
+            log.info("EFA device found", extra=kv(device=dev.ibdev, uverbs=dev.uverbs, pci=dev.pci_address,
+                                                  numa=dev.numa_node, pcie_root=dev.pcie_root, port=dev.port_state))
         self._report(inventory)
         self._present = {d.id for d in found.devices}
         if inventory == self._inventory:
@@ -96,7 +90,8 @@ class EfaPolicy:
         (a corrupted attribute, say) is caught by the periodic rescan.
         """
         host = self.paths.host
-        out = [host(f"{CLASS_VERBS}/abi_version"), host(f"{DEV_IB}/rdma_cm")]
+        out = [host(f"{CLASS_VERBS}/abi_version"), host(f"{DEV_IB}/rdma_cm"),
+               self.paths.plugins_registry_dir / f"{DRA_DRIVER_NAME}-reg.sock"]  # the coexistence guard
         for dev in self._inventory.devices:
             if dev.id in self._present:
                 out += [dev.sysfs_dir / "ports" / str(port) / "state" for port, _ in dev.port_states]
@@ -104,10 +99,11 @@ class EfaPolicy:
 
     # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
     def devices(self) -> list[AdvertisedDevice]:
-        return [AdvertisedDevice(d.id, d.healthy, d.numa_node) for d in self._inventory.devices]
+        return [AdvertisedDevice(d.id, device_health(d).healthy, d.numa_node) for d in self._inventory.devices]
 
     def advertise_blocked(self) -> str | None:
-        return None
+        """Nothing is advertised while the EFA DRA driver is registered on this node (it hands out the same EFAs)."""
+        return dra_blocks_device_plugin(self.paths.plugins_registry_dir, DRA_DRIVER_NAME, "EFA")
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         return self._topology.preferred(available, must_include, size)
@@ -120,8 +116,9 @@ class EfaPolicy:
             dev = inv.get(device_id)
             if dev is None:
                 raise AllocationError(f"unknown EFA device ID {device_id!r}")
-            if not dev.healthy:
-                raise AllocationError(f"EFA device {device_id!r} ({dev.ibdev}) is unhealthy: {dev.problems[0]}")
+            health = device_health(dev)
+            if not health.healthy:
+                raise AllocationError(f"EFA device {device_id!r} ({dev.ibdev}) is unhealthy: {health.message}")
             nodes.append(DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor))
         self.allocation_counts.update(dict.fromkeys(ids, 1))
         return ContainerEdits(device_nodes=tuple(nodes))

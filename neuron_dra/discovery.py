@@ -13,7 +13,9 @@ Sources (all below the host root of :class:`~accel_core.paths.HostPaths`):
   that PCI function is really there.
 
 Nothing here raises for bad host files: each bad value becomes a problem string naming the file, and the value
-falls back to the instance catalog (or the architecture's defaults).
+falls back to the instance catalog (or the architecture's defaults). A problem that matters for health is a typed
+:class:`~accel_core.health.Problem` (device gone, /dev node gone); :mod:`neuron_dra.health` is the one rule that
+turns these and the ECC counters into device health, for the device plugin and the DRA driver alike.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from accel_core.awsfacts import neuron as neuron_facts
+from accel_core.health import Problem, ProblemKind
 from accel_core.hostinfo import DMI_PRODUCT_NAMES, pcie_root, read_instance_type
 from accel_core.paths import HostPaths
-from neuron_dra import instances
-from neuron_dra.instances import ExpectedLayout
+from neuron_dra.instances import ExpectedLayout, expected_layout
 from neuron_dra.topology import Topology, build_topology
 
 CLASS_DIR = "/sys/class/neuron_device"
@@ -86,7 +89,7 @@ class NeuronInventory:
     def arch(self) -> str:
         """The node's Neuron architecture (the most common among its devices)."""
         if not self.devices:
-            return instances.arch_from_instance_type(self.instance_type) or "unknown"
+            return neuron_facts.arch_from_instance_type(self.instance_type) or "unknown"
         return Counter(d.arch for d in self.devices).most_common(1)[0][0]
 
     def physical_cores_per_device(self) -> int:
@@ -230,13 +233,13 @@ def _arch_of(reader: _Reader, base: str, expected: ExpectedLayout | None, instan
     quiet: list[str] = []
     itype = (reader.text(f"{base}/info/architecture/instance_type", quiet, required=False) or "").strip().lower()
     name = (reader.text(f"{base}/info/architecture/device_name", quiet, required=False) or "").strip()
-    arch = (itype if itype in instances.ARCHES else None) or instances.arch_from_device_name(name)
+    arch = (itype if itype in neuron_facts.ARCHES else None) or neuron_facts.arch_from_device_name(name)
     if arch is None and expected is not None and expected.arch:
         arch = expected.arch
     if arch is None:
-        arch = instances.arch_from_instance_type(instance_type) or "unknown"
+        arch = neuron_facts.arch_from_instance_type(instance_type) or "unknown"
     if not name:
-        facts = instances.ARCHES.get(arch)
+        facts = neuron_facts.ARCHES.get(arch)
         name = facts.device_name if facts else ""
     return arch, name
 
@@ -293,12 +296,12 @@ def _read_lnc(reader: _Reader, applies: bool, problems: list[str]) -> int | None
         return None
     text = reader.text(LNC_FILE, problems, required=False)
     if text is None:
-        return instances.DEFAULT_LNC
+        return neuron_facts.DEFAULT_LNC
     try:
         return parse_lnc(text)
     except ValueError as exc:
-        problems.append(f"{LNC_FILE}: {exc}; using LNC {instances.DEFAULT_LNC}")
-        return instances.DEFAULT_LNC
+        problems.append(f"{LNC_FILE}: {exc}; using LNC {neuron_facts.DEFAULT_LNC}")
+        return neuron_facts.DEFAULT_LNC
 
 
 def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
@@ -310,7 +313,7 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
     reader = _Reader(paths)
     problems: list[str] = []
     instance_type = _instance_type(paths, problems)
-    expected = instances.expected_layout(instance_type)
+    expected = expected_layout(instance_type)
     indices = _device_indices(reader, expected, known)
 
     raw: list[tuple[NeuronDevice, int | None, tuple[int, ...] | None, list[str]]] = []
@@ -321,9 +324,9 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
         has_sysfs = reader.exists(base)
         has_node = reader.exists(dev_node)
         if not has_sysfs:
-            dev_problems.append(f"{base}: missing (device gone from the driver)")
+            dev_problems.append(Problem(f"{base}: missing (device gone from the driver)", ProblemKind.DEVICE_MISSING))
         if not has_node:
-            dev_problems.append(f"{dev_node}: missing")
+            dev_problems.append(Problem(f"{dev_node}: missing", ProblemKind.DEV_NODE_MISSING))
         present = has_sysfs and has_node
         arch, name = _arch_of(reader, base, expected, instance_type)
         cores = _core_count(reader, base, has_sysfs, dev_problems)
@@ -336,7 +339,7 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
                 except ValueError as exc:
                     dev_problems.append(f"{base}/connected_devices: {exc}")
         bdf, numa, root = _pci(reader, index, expected)
-        facts = instances.ARCHES.get(arch)
+        facts = neuron_facts.ARCHES.get(arch)
         memory = expected.memory_bytes if expected is not None and expected.memory_bytes else (
             facts.memory_bytes if facts else 0)
         dev = NeuronDevice(
@@ -372,7 +375,7 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
     if expected is not None and expected.device_count and len(devices) != expected.device_count:
         problems.append(f"{CLASS_DIR}: {len(devices)} devices but {instance_type} has {expected.device_count}")
     arch = Counter(d.arch for d in devices).most_common(1)[0][0] if devices else (expected.arch if expected else "")
-    applies = arch in instances.LNC_ARCHES
+    applies = arch in neuron_facts.LNC_ARCHES
     lnc = _read_lnc(reader, applies, problems)
     driver = reader.text(DRIVER_VERSION_FILE, [], required=False)
     driver_version = driver.strip() if driver and driver.strip() else None
@@ -419,7 +422,7 @@ def _consensus_cores(
     if valid:
         return Counter(valid).most_common(1)[0][0]
     for dev, *_ in raw:
-        facts = instances.ARCHES.get(dev.arch)
+        facts = neuron_facts.ARCHES.get(dev.arch)
         if facts is not None:
             return facts.physical_cores
     return 1 if raw else 0

@@ -20,7 +20,7 @@ from accel_core.edits import ContainerEdits
 #: The minimum version for what this writer emits: device-node ``hostPath`` and device names that start with a
 #: digit (claim UIDs) need 0.5.0; nothing written here (no annotations, intelRdt, netDevices) needs more.
 CDI_VERSION = "0.5.0"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 
 class CdiError(Exception):
@@ -67,18 +67,25 @@ class CdiSpecWriter:
     def spec_path(self, spec_id: str) -> Path:
         return self.root / f"{self.vendor}-{self.cls}_{spec_id.replace('/', '_')}.json"
 
+    def check(self, spec_id: str, names: Iterable[str]) -> None:
+        """CdiError unless ``spec_id`` makes a plain file name and every device name is valid (and there is one)."""
+        if not _NAME_RE.fullmatch(spec_id) or len(self.spec_path(spec_id).name) > 255:
+            raise CdiError(f"invalid CDI spec id {spec_id[:64]!r}")
+        count = 0
+        for name in names:
+            if not _NAME_RE.fullmatch(name):
+                raise CdiError(f"invalid CDI device name {name[:96]!r} for {self.spec_path(spec_id)}")
+            count += 1
+        if not count:
+            raise CdiError(f"CDI spec {self.spec_path(spec_id)} would have no devices")
+
     def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
               common: ContainerEdits | None = None) -> list[str]:
         """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs."""
-        entries = []
-        ids = []
-        for name, edits in devices:
-            if not _NAME_RE.match(name):
-                raise CdiError(f"invalid CDI device name {name!r} for {self.spec_path(spec_id)}")
-            entries.append({"name": name, "containerEdits": _edits_json(edits)})
-            ids.append(self.qualified(name))
-        if not entries:
-            raise CdiError(f"CDI spec {self.spec_path(spec_id)} would have no devices")
+        devices = list(devices)
+        self.check(spec_id, (name for name, _ in devices))
+        entries = [{"name": name, "containerEdits": _edits_json(edits)} for name, edits in devices]
+        ids = [self.qualified(name) for name, _ in devices]
         spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": entries}
         if common is not None:
             spec["containerEdits"] = _edits_json(common)
@@ -100,15 +107,19 @@ class CdiSpecWriter:
             raise CdiError(f"unreadable CDI spec {path}: {exc}") from exc
 
     def exists(self, spec_id: str) -> bool:
-        return self.spec_path(spec_id).is_file()
+        return bool(_NAME_RE.fullmatch(spec_id)) and self.spec_path(spec_id).is_file()
 
     def remove(self, spec_id: str) -> bool:
-        """Remove the spec; True if it existed. Idempotent."""
+        """Remove the spec; True if it existed. Idempotent; an id that cannot name a spec of ours has none."""
+        if not _NAME_RE.fullmatch(spec_id):
+            return False
         try:
             os.unlink(self.spec_path(spec_id))
             return True
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            raise CdiError(f"cannot remove CDI spec {self.spec_path(spec_id)}: {exc}") from exc
 
     def spec_ids(self) -> list[str]:
         prefix = f"{self.vendor}-{self.cls}_"

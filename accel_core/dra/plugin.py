@@ -5,7 +5,10 @@
   first (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, then ``v1alpha1.DRAResourceHealth`` when health is served);
 - DRA: both versions on ``<plugins>/<driver>/dra[-<podUID>].sock``; every claim gets an entry in the response map;
   a claim failure goes in that claim's ``error``; calls are serialized (an asyncio lock, plus a file lock when a
-  pod UID is set, so two pods of a rolling update never prepare at once);
+  pod UID is set, so two pods of a rolling update never prepare at once). The file lock is taken without
+  blocking the event loop (non-blocking tries, backing off up to 50 ms), so while another pod holds it the
+  health stream, registration and liveness keep answering; a call with no claims (the liveness probe's) takes
+  no lock at all;
 - health: every message is the complete list; a new message is sent whenever the driver says health changed.
 """
 
@@ -15,8 +18,9 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +70,33 @@ def _truncate(message: str) -> str:
 
 
 class _FileLock:
-    """An exclusive flock on a file, held around one serialized operation."""
+    """An exclusive flock on a file, held around one serialized operation; waiting never blocks the event loop."""
+
+    RETRY_MIN = 0.002
+    RETRY_MAX = 0.05
 
     def __init__(self, path: Path) -> None:
         self._path = path
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._path, "a+") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            delay = self.RETRY_MIN
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.RETRY_MAX)
             try:
                 yield
             finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 class DraPlugin:
@@ -171,9 +188,11 @@ class DraPlugin:
         self, operation: str, claims: list[ClaimRef], fn: Callable[[ClaimRef], Any]
     ) -> dict[str, tuple[list[PreparedDevice], str]]:
         out: dict[str, tuple[list[PreparedDevice], str]] = {}
+        if not claims:
+            return out
         async with self._lock:
             lock_ctx = self._file_lock.held() if self._file_lock else contextlib.nullcontext()
-            with lock_ctx:
+            async with lock_ctx:
                 for claim in claims:
                     start = time.perf_counter()
                     try:

@@ -15,6 +15,8 @@ class ClaimRef:
     name: str
 
     def __str__(self) -> str:
+        if max(len(self.namespace), len(self.name), len(self.uid)) > 253:  # hostile input: keep messages short
+            return f"{self.namespace[:64]!r}/{self.name[:64]!r} (uid {self.uid[:64]!r})"
         return f"{self.namespace}/{self.name} (uid {self.uid})"
 
 

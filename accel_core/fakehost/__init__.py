@@ -4,8 +4,8 @@
 (remove/restore devices, port state, counters, corruption). Layout reference: docs/fake-sysfs.md.
 """
 
+from accel_core.awsfacts.catalog import CatalogError, InstanceType, UnknownInstanceType
 from accel_core.fakehost.builder import build_host, clear_host, default_boot_id
-from accel_core.fakehost.catalog import CatalogError, InstanceType, UnknownInstanceType
 from accel_core.fakehost.fsops import FakeHostError
 from accel_core.fakehost.host import FakeHost
 

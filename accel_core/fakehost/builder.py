@@ -12,8 +12,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from accel_core.fakehost import catalog, layout
-from accel_core.fakehost.catalog import InstanceType, NeuronSpec, PciFunction
+from accel_core.awsfacts import catalog
+from accel_core.awsfacts.catalog import InstanceType, NeuronSpec, PciFunction
+from accel_core.fakehost import layout
 from accel_core.fakehost.fsops import FakeHostError, link, write_plain
 from accel_core.fakehost.host import MARKER, FakeHost
 
@@ -204,7 +205,7 @@ def build_host(root: Path, instance_type: str, *, efa: bool = True, lnc: int | N
 
     ``efa=False`` leaves EFA unattached (no EFA PCI functions or ``infiniband`` entries; non-EFA RDMA stays).
     ``lnc`` writes ``/opt/aws/neuron/logical_nc_config``; only types with an LNC setting (trn2) accept it.
-    Raises :class:`~accel_core.fakehost.catalog.UnknownInstanceType` or :class:`FakeHostError`.
+    Raises :class:`~accel_core.awsfacts.catalog.UnknownInstanceType` or :class:`FakeHostError`.
     """
     spec = catalog.get(instance_type)
     if lnc is not None:

@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from accel_core.fakehost import catalog
+from accel_core.awsfacts import catalog
+from accel_core.awsfacts.catalog import InstanceType, UnknownInstanceType
 from accel_core.fakehost.builder import MANAGED_TOP_LEVEL, build_host, clear_host
-from accel_core.fakehost.catalog import InstanceType, UnknownInstanceType
 from accel_core.fakehost.fsops import FakeHostError
 
 EXIT_OK = 0

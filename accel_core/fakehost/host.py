@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from accel_core.fakehost import catalog, layout
-from accel_core.fakehost.catalog import InstanceType
+from accel_core.awsfacts import catalog
+from accel_core.awsfacts.catalog import InstanceType
+from accel_core.fakehost import layout
 from accel_core.fakehost.fsops import Entry, FakeHostError, delete, replay, resolve, snapshot, write_atomic
 
 MARKER = ".fake-sysfs.json"

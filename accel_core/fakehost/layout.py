@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accel_core.fakehost.catalog import InstanceType, PciFunction
+from accel_core.awsfacts.catalog import InstanceType, PciFunction
 
 UVERBS_MAJOR = 231
 UVERBS_BASE_MINOR = 192  # ib_uverbs minors start at 192: uverbs0 is 231:192

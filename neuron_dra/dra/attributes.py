@@ -7,7 +7,8 @@ driver's domain (CEL ``device.attributes['neuron.aws.com'].deviceId``):
   ``resourceType`` = ``neuron_device``, ``deviceName`` (``Trainium2``), ``numaNode`` (int, when known);
 - on the 4x4 torus: ``topology_x`` (row), ``topology_y`` (column), ``topology4_id`` (row id, ``i // 4``),
   ``topology8_id`` (two-row id, ``i // 8``);
-- on EFA-enabled instance types: ``resource.aws.com/devicegroup{1,4,8,16}_id`` (see :mod:`neuron_dra.devicegroups`);
+- on EFA-enabled instance types: ``resource.aws.com/devicegroup{1,4,8,16}_id``
+  (see :mod:`accel_core.awsfacts.neuron_efa`);
 - ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID`` when the PCI function is known.
 
 Capacity: ``memory`` (device HBM, bytes) and ``cores`` (physical NeuronCores).
@@ -18,15 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from accel_core.dra.slices import AttributeValue, SliceDevice, Taint, Version
-from neuron_dra.devicegroups import neuron_device_group_ids
+from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
+from accel_core.dra.profile import tainted, unhealthy_taint_key
+from accel_core.dra.slices import AttributeValue, SliceDevice, Version
+from accel_core.health import DeviceHealth
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
-from neuron_dra.dra.health import DeviceCondition
 
 DRIVER_NAME = "neuron.aws.com"
 DEVICE_PREFIX = "neuron-device-"
 RESOURCE_TYPE = "neuron_device"
-UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
+UNHEALTHY_TAINT_KEY = unhealthy_taint_key(DRIVER_NAME)
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
@@ -84,13 +86,9 @@ def device_capacity(dev: NeuronDevice) -> dict[str, int | str]:
 def slice_devices(
     inv: NeuronInventory,
     dra_version: str,
-    conditions: Mapping[int, DeviceCondition] | None = None,
+    health: Mapping[int, DeviceHealth] | None = None,
 ) -> list[SliceDevice]:
-    """The pool's devices in index order; unhealthy ones (per ``conditions``) carry the unhealthy taint."""
-    out = []
-    for dev in inv.devices:
-        cond = conditions.get(dev.index) if conditions else None
-        taints = (Taint(UNHEALTHY_TAINT_KEY, cond.reason, "NoSchedule"),) if cond and not cond.healthy else ()
-        out.append(SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version),
-                               device_capacity(dev), taints))
-    return out
+    """The pool's devices in index order; unhealthy ones (per ``health``) carry the core's unhealthy taint."""
+    devices = [SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version), device_capacity(dev))
+               for dev in inv.devices]
+    return tainted(DRIVER_NAME, devices, {device_name(i): h for i, h in (health or {}).items()})

@@ -13,7 +13,6 @@ import pytest
 from accel_core.deviceplugin import AdvertisedDevice, AllocationError, DevicePluginServer
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.edits import ContainerEdits, DeviceNode
-from accel_core.paths import HostPaths
 
 RESOURCE = "example.com/widget"
 

@@ -11,7 +11,6 @@ from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
-from accel_core.paths import HostPaths
 
 DRIVER = "toy.example.com"
 

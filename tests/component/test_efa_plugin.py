@@ -22,7 +22,6 @@ from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.fakehost import FakeHost, build_host, clear_host
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
-from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.cli import run_plugin
 

@@ -16,10 +16,11 @@ import grpc
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
+from accel_core.dra.service import DraService
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.paths import HostPaths
-from neuron_dra.dra.service import NeuronDraService
+from neuron_dra.dra.profile import NeuronProfile
 
 DRIVER = "neuron.aws.com"
 NODE = "node-a"
@@ -54,9 +55,9 @@ class Rig:
         self.reader = Reader()
 
     @contextlib.asynccontextmanager
-    async def running(self, pod_uid: str = "pod-1", refresh: float = 20.0) -> AsyncIterator[NeuronDraService]:
-        service = NeuronDraService(self.paths, node_name=NODE, client=None, pod_uid=pod_uid, healthcheck_port=0,
-                                   rescan_interval=0.2, health_refresh_seconds=refresh)
+    async def running(self, pod_uid: str = "pod-1", refresh: float = 20.0) -> AsyncIterator[DraService]:
+        service = DraService(NeuronProfile(), self.paths, node_name=NODE, client=None, pod_uid=pod_uid,
+                             healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=refresh)
         service.driver.reader = self.reader
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))

@@ -267,18 +267,22 @@ def check_slice_writes(
     assert "may only change ResourceSlices of its own node" in refusal(
         lambda: driver.delete(ResourceSlice, theirs.metadata.name)
     )
-    theirs_read: Any = driver.get(ResourceSlice, theirs.metadata.name)  # reading is fine
+    # reading (with the list the driver uses; it has no single get) is fine
+    theirs_read: Any = next(s for s in driver.list(ResourceSlice, fields={"spec.nodeName": node_b})
+                            if s.metadata.name == theirs.metadata.name)
     theirs_read.metadata.labels = {"taken": "yes"}
     message = refusal(lambda: driver.replace(theirs_read))
     assert "of its own node" in message and f"node '{node_b}'" in message
 
 
 def check_rbac(driver: Client, node_a: str) -> None:
-    """What the driver may do besides slices: read claims and its Node; nothing else."""
+    """What the driver may do besides slices: get one claim (by name: it may not list them) and its Node; nothing else
+    (tests/e2e/test_efa_dra_e2e.py checks every verb it is denied)."""
     list(driver.list(ResourceSlice, fields={"spec.nodeName": node_a}))
     assert as_dict(driver.get(Node, node_a))["metadata"]["name"] == node_a
-    list(driver.list(ResourceClaim, namespace="*"))
     refused: list[Callable[[], object]] = [
+        lambda: list(driver.list(ResourceClaim, namespace="*")),
+        lambda: driver.get(ResourceSlice, "anything"),
         lambda: list(driver.list(Secret, namespace=DRA_NS)),
         lambda: list(driver.list(Pod, namespace="*")),
         lambda: driver.get(DeviceClass, "neuron.aws.com"),

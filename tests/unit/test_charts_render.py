@@ -32,13 +32,22 @@ from chart_render import (
     template,
 )
 
-from accel_core.fakehost import catalog
+from accel_core.awsfacts import catalog
 
 DRA_DS = "neuron-dra-driver-kubelet-plugin"
 DP_DS = "neuron-device-plugin"
 NPD_DS = "node-problem-detector"
 EFA_DS = "aws-efa-k8s-device-plugin-daemonset"
 NAMESPACED = {"DaemonSet", "ServiceAccount", "Service", "ConfigMap", "ServiceMonitor"}
+#: What a DRA driver of this project calls: GET one claim, GET its Node, and list/watch/create/update/delete its
+#: node's slices (accel_core/dra/claims.py and slices.py). Nothing more may be granted.
+DRA_DRIVER_RULES = {
+    (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
+    (("",), ("nodes",), ()): {"get"},
+    (("resource.k8s.io",), ("resourceslices",), ()): {"list", "watch", "create", "update", "delete"},
+}
+EFA_DRA_DS = "aws-efa-k8s-device-plugin-dra-driver"
+EFA_DRA_ON = ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"]
 
 
 @pytest.fixture(scope="session")
@@ -146,18 +155,7 @@ def test_seed_dra_install_rbac_is_least_privilege(seed_dra: Rendered) -> None:
         (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(r["verbs"])
         for r in role["rules"]
     }
-    assert granted == {
-        (("resource.k8s.io",), ("resourceclaims",), ()): {"get", "list", "watch"},
-        (("resource.k8s.io",), ("resourceclaims/status",), ()): {"update"},
-        (("resource.k8s.io",), ("resourceclaims/driver",), ("neuron.aws.com",)): {
-            "associated-node:update",
-            "associated-node:patch",
-        },
-        (("",), ("nodes",), ()): {"get"},
-        (("resource.k8s.io",), ("resourceslices",), ()): {
-            "get", "list", "watch", "create", "update", "patch", "delete", "deletecollection",
-        },
-    }  # fmt: skip
+    assert granted == DRA_DRIVER_RULES  # issue 14 item 6; tests/e2e/test_dra_rbac.py proves the rest is refused
     binding = seed_dra.get("ClusterRoleBinding", "neuron-dra-driver")
     assert binding["roleRef"]["name"] == "neuron-dra-driver"
     assert binding["subjects"] == [
@@ -628,3 +626,60 @@ def test_efa_chart_lints(helm: Path, flags: list[str]) -> None:
 def test_efa_schema_rejects_unknown_keys(helm: Path) -> None:
     with pytest.raises(RenderError, match="supportedInstanceLabels"):
         template(helm, EFA_CHART, "--set", "supportedInstanceLabels.keys[0]=x")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# EFA chart: the DRA driver
+
+
+def granted_rules(role: dict[str, Any]) -> dict[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], set[str]]:
+    return {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(r["verbs"])
+            for r in role["rules"]}
+
+
+def test_efa_dra_driver_objects(helm: Path) -> None:
+    r = template(helm, EFA_CHART, *EFA_DRA_ON, release="aws-efa-k8s-device-plugin")
+    assert r.names("DaemonSet") == {EFA_DRA_DS}, "the device plugin is off"
+    dc = r.get("DeviceClass", "efa.networking.k8s.aws")  # the class name of the AWS documents
+    assert dc["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "efa.aws.com"'}}]
+    role = r.get("ClusterRole", EFA_DRA_DS)
+    assert granted_rules(role) == DRA_DRIVER_RULES
+    binding = r.get("ClusterRoleBinding", EFA_DRA_DS)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": EFA_DRA_DS, "namespace": "kube-system"}]
+    sa = r.get("ServiceAccount", EFA_DRA_DS)
+    assert sa.get("automountServiceAccountToken", True) is True, "the driver reads claims and writes slices"
+    vap = r.get("ValidatingAdmissionPolicy", f"{EFA_DRA_DS}-resourceslices")["spec"]
+    assert vap["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:kube-system:{EFA_DRA_DS}"')
+    assert "variables.sliceDriver == 'efa.aws.com'" in [v["expression"] for v in vap["validations"]]
+    ds = r.get("DaemonSet", EFA_DRA_DS)
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    c = container(ds)
+    assert c["command"] == ["efa-dra-driver", "serve"]
+    env = env_of(c)
+    assert env["CDI_ROOT"] == "/var/run/cdi" and env["HEALTHCHECK_PORT"] == "51516" and env["METRICS_PORT"] == "9813"
+    assert env["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
+    assert env["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
+    assert {e["name"] for e in c["env"] if "valueFrom" in e} == {"NODE_NAME", "POD_UID"}
+    assert c["livenessProbe"]["grpc"] == {"port": 51516, "service": "liveness"}
+    mounts = mounts_of(ds)
+    assert mounts["/var/lib/kubelet/device-plugins"]["readOnly"] is True
+    assert mounts["/dev/infiniband"]["readOnly"] is True
+    assert mounts["/var/run/cdi"]["readOnly"] is False
+    assert ds["spec"]["template"]["spec"]["hostNetwork"] is False
+    assert r.get("Service", f"{EFA_DRA_DS}-metrics")["spec"]["selector"] == {"name": EFA_DRA_DS}
+    assert_namespaced(r)
+
+
+def test_efa_device_plugin_and_dra_driver_exclude_each_other(helm: Path) -> None:
+    with pytest.raises(RenderError, match="draDriver.enabled=true cannot be combined with devicePlugin.enabled=true"):
+        template(helm, EFA_CHART, "--set", "draDriver.enabled=true")
+    with pytest.raises(RenderError, match="would install nothing"):
+        template(helm, EFA_CHART, "--set", "devicePlugin.enabled=false")
+    defaults = template(helm, EFA_CHART)
+    assert defaults.all("DeviceClass") == [] and defaults.all("ClusterRole") == []
+
+
+def test_efa_chart_lints_with_the_dra_driver(helm: Path) -> None:
+    out = run_helm(helm, ["lint", "--strict", str(EFA_CHART), *EFA_DRA_ON, "--set", "draDriver.hostNetwork=true"])
+    assert "0 chart(s) failed" in out

@@ -1,5 +1,6 @@
 """Checks of the Dockerfile without a container engine: hadolint, and the shape the image must keep (multi-stage,
-pinned slim base, the final stage installs only the built wheels, every daemon's console script checked)."""
+pinned slim base, the final stage installs only the built wheels, every daemon's console script checked, the
+dev-only code left out and not needed by any daemon)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
-DAEMONS = ("efa-device-plugin", "neuron-device-plugin", "neuron-dra-driver")
+DAEMONS = ("efa-device-plugin", "efa-dra-driver", "neuron-device-plugin", "neuron-dra-driver")
+DEV_ONLY = ("accel_core.fakehost", "accel_core.devtools")
 
 
 def stages() -> list[list[str]]:
@@ -79,3 +81,50 @@ def test_dockerignore_lets_in_what_the_build_copies() -> None:
     }
     assert copied and copied <= allowed, f"COPY sources {sorted(copied - allowed)} are excluded by .dockerignore"
     assert DOCKERIGNORE.read_text().splitlines()[1] == "*", ".dockerignore must start by excluding everything"
+
+
+def test_dev_only_code_is_left_out_of_the_image() -> None:
+    ignored = [line.strip().rstrip("/") for line in DOCKERIGNORE.read_text().splitlines()
+               if line.strip() and not line.startswith(("#", "!"))]
+    for package in DEV_ONLY:
+        assert package.replace(".", "/") in ignored, f"{package} would be copied into the image"
+    final = " ".join(stages()[-1])
+    for script in ("fake-sysfs", "accel-demo", "accel-cluster"):
+        assert f"/usr/local/bin/{script}" in final, f"the image keeps the dangling dev console script {script}"
+
+
+#: Each daemon's read-only command, run on a fake host tree with the dev-only packages made unimportable.
+RUNS = {
+    "efa-device-plugin": ["ls", "--output", "json"],
+    "efa-dra-driver": ["slices", "--node-name", "n1"],
+    "neuron-device-plugin": ["ls"],
+    "neuron-dra-driver": ["slices", "--node-name", "n1"],
+}
+BLOCK_DEV_ONLY = """
+import importlib.abc, importlib.metadata, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith({dev!r}):
+            raise ImportError(f"{{name}} is dev-only and not in the image")
+        return None
+sys.meta_path.insert(0, Block())
+script = {script!r}
+entry = next(e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == script)
+sys.argv = [script, *sys.argv[1:]]
+sys.exit(entry.load()())
+"""
+
+
+def test_every_daemon_runs_without_the_dev_only_code(tmp_path: Path) -> None:
+    from accel_core.fakehost import build_host  # the test builds the tree; the daemons must not need the builder
+
+    build_host(tmp_path / "host", "trn2.48xlarge")
+    assert set(RUNS) == set(DAEMONS)
+    for script, args in RUNS.items():
+        code = BLOCK_DEV_ONLY.format(dev=DEV_ONLY, script=script)
+        proc = subprocess.run([sys.executable, "-c", code, *args, "--host-root", str(tmp_path / "host")],
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "NODE_NAME": "n1"})
+        assert proc.returncode == 0, f"{script}: {proc.stderr[-2000:]}"
+        assert "dev-only" not in proc.stderr
+        assert "trn2" in proc.stdout or "neuron" in proc.stdout or "efa" in proc.stdout, f"{script}: {proc.stdout}"

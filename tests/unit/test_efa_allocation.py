@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.fakehost import build_host, catalog
+from accel_core.awsfacts import catalog
+from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin.allocation import Topology, first_fit, topology_path
 from efa_plugin.discovery import EfaDevice, discover

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.fakehost import FakeHost, build_host, catalog
+from accel_core.awsfacts import catalog
+from accel_core.fakehost import FakeHost, build_host
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, cli
 from efa_plugin.discovery import EfaInventory, discover

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.fakehost import FakeHost, FakeHostError, build_host, catalog, cli
-from accel_core.fakehost.catalog import CatalogError, UnknownInstanceType
+from accel_core.awsfacts import catalog
+from accel_core.awsfacts.catalog import CatalogError, UnknownInstanceType
+from accel_core.fakehost import FakeHost, FakeHostError, build_host, cli
 
 EXPECTED_EFA = {
     "p4d.24xlarge": 4,

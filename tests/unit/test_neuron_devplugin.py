@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from accel_core.deviceplugin import AllocationError
 from accel_core.fakehost import FakeHost, build_host
+from accel_core.health import DeviceHealth, Problem, ProblemKind
 from accel_core.metrics import CallbackCollector
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import NeuronCorePolicy, NeuronDevicePolicy, NeuronNode
@@ -16,6 +18,9 @@ from neuron_dra.deviceplugin.cli import main
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.podresources import in_use_from
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
+from neuron_dra.discovery import discover
+from neuron_dra.dra.profile import NeuronProfile
+from neuron_dra.health import device_health
 
 
 class Clock:
@@ -158,7 +163,7 @@ def test_health_follows_sysfs_dev_node_and_ecc(tmp_path: Path) -> None:
     fake.remove_neuron(2)
     node.rediscover()
     assert unhealthy(dev) == {"2"} and unhealthy(core) == {"4", "5"}
-    assert "missing" in node.health.get(2).reason
+    assert node.health.get(2).reason == "DeviceMissing" and "neuron2" in node.health.get(2).message
     fake.restore_neuron(2)
     node.rediscover()
     assert unhealthy(dev) == set() and unhealthy(core) == set()
@@ -168,22 +173,42 @@ def test_health_follows_sysfs_dev_node_and_ecc(tmp_path: Path) -> None:
     fake.restore_dev_node("/dev/neuron7")
     fake.set_neuron_counter(1, "stats/hardware/mem_ecc_uncorrected/total", 3)
     node.rediscover()
-    assert unhealthy(dev) == {"1"} and "rose from 0 to 3" in node.health.get(1).reason
+    assert unhealthy(dev) == {"1"} and node.health.get(1).reason == "UncorrectedErrors"
+    assert "3 uncorrected ECC errors" in node.health.get(1).message
     fake.set_neuron_counter(1, "stats/hardware/mem_ecc_uncorrected/total", 0)
     node.rediscover()
     assert unhealthy(dev) == set()
 
 
-def test_errors_from_before_start_do_not_condemn(tmp_path: Path) -> None:
+def test_one_rule_for_the_device_plugin_and_the_dra_driver(tmp_path: Path) -> None:
+    """Issue 14 item 11: both daemons see the same health, a restart forgives nothing, and only a reset of the
+    counters (driver reload or reboot) heals a device with uncorrected errors."""
     fake = build_host(tmp_path / "host", "trn1.2xlarge")
-    fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 4)
-    node = NeuronNode(HostPaths(host_root=fake.root, kubelet_root=tmp_path / "k",
-                                    device_plugins=tmp_path / "k" / "device-plugins"))
-    node.rediscover()
-    assert node.health.healthy(0)
-    fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 5)
-    node.rediscover()
-    assert not node.health.healthy(0)
+    paths = HostPaths(host_root=fake.root, kubelet_root=tmp_path / "k",
+                      device_plugins=tmp_path / "k" / "device-plugins")
+    fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 4)  # errors from before either started
+
+    def both() -> tuple[DeviceHealth, DeviceHealth]:
+        node = NeuronNode(paths)  # a fresh start of the device plugin
+        node.rediscover()
+        return node.health.get(0), NeuronProfile().scan(paths, "0.1.0").health["neuron-device-0"]
+
+    plugin, dra = both()
+    assert plugin == dra and (plugin.healthy, plugin.reason) == (False, "UncorrectedErrors")
+    fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 0)  # the driver reloaded
+    plugin, dra = both()
+    assert plugin == dra == DeviceHealth(True)
+    fake.remove_dev_node("/dev/neuron0")
+    plugin, dra = both()
+    assert plugin == dra and plugin.reason == "DevNodeMissing"
+
+
+def test_the_rule_reads_problem_kinds_not_messages(tmp_path: Path) -> None:
+    inv = discover(HostPaths(host_root=build_host(tmp_path / "host", "inf2.xlarge").root))
+    dev = inv.devices[0]
+    assert device_health(replace(dev, problems=("/dev/neuron0: missing",))).healthy, "plain text is informational"
+    odd = replace(dev, problems=(Problem("/dev/neuron0: gone away", ProblemKind.DEV_NODE_MISSING),))
+    assert device_health(odd).reason == "DevNodeMissing"
 
 
 # ----------------------------------------------------------------------------------------------- guard

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.fakehost import FakeHost, build_host, catalog
+from accel_core.awsfacts import catalog
+from accel_core.fakehost import FakeHost, build_host
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import cli
 from neuron_dra.discovery import LNC_FILE, discover, parse_connected, parse_lnc

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from accel_core.awsfacts import catalog
+from accel_core.awsfacts import neuron_efa as dg
 from accel_core.dra.slices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     SliceDevice,
@@ -15,12 +17,11 @@ from accel_core.dra.slices import (
     build_slices,
     validate_devices,
 )
-from accel_core.fakehost import build_host, catalog
+from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
-from neuron_dra import devicegroups as dg
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
-from neuron_dra.dra.health import assess
+from neuron_dra.health import assess
 
 NEURON_TYPES = [t for t in catalog.names() if catalog.get(t).neuron is not None]
 
@@ -78,11 +79,17 @@ def test_unknown_index_gets_no_group_ids_and_efa_side_agrees() -> None:
     assert dg.efa_device_group_ids("trn2.48xlarge", "0000:00:06.0") == {}
 
 
-@pytest.mark.parametrize("instance_type", [t for t in NEURON_TYPES if neuron_spec(t).efa_mapping_library])
-def test_tables_agree_with_the_instance_catalog(instance_type: str) -> None:
-    table = dg.efa_table(instance_type)
-    assert table is not None
-    assert {i: table[i] for i in range(len(table))} == catalog.get(instance_type).neuron_efa_map()
+def test_the_tables_are_the_one_copy_and_the_catalog_must_fit_them(tmp_path: Path) -> None:
+    # the instance catalog does not repeat which Neuron devices an EFA serves: it joins in the tables
+    yaml_text = (Path(catalog.__file__).parent / "instances.yaml").read_text()
+    assert "near_neurons:" not in yaml_text and "efa_mapping_library:" not in yaml_text
+    assert catalog.get("trn1.32xlarge").neuron_efa_map()[13] == "0000:10:19.0"  # neuron.md section 3 (trn1)
+    # a catalog whose trn2.48xlarge lacks an EFA of the table is refused, naming the type
+    broken = tmp_path / "instances.yaml"
+    broken.write_text(yaml_text.replace('bdf: "0000:c9:00.0", root: pci0000:a8',
+                                        'bdf: "0000:c8:00.0", root: pci0000:a8'))
+    with pytest.raises(catalog.CatalogError, match=r"trn2\.48xlarge: the Neuron-to-EFA table .*0000:c9:00.0"):
+        catalog.load(broken)
 
 
 # -- attributes -------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from accel_core.fakehost import build_host
-from neuron_dra.dra.cli import _parser, main
+from neuron_dra.dra.cli import CLI, main
 
 
 def test_slices_prints_the_pool_as_yaml_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,8 +47,8 @@ def test_node_name_is_required(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 
 
 def test_cleanup_interval_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _parser().parse_args(["serve"]).cleanup_interval == 600
-    assert _parser().parse_args(["serve", "--cleanup-interval", "0"]).cleanup_interval == 0
+    assert CLI.parser().parse_args(["serve"]).cleanup_interval == 600
+    assert CLI.parser().parse_args(["serve", "--cleanup-interval", "0"]).cleanup_interval == 0
     with pytest.raises(SystemExit):
-        _parser().parse_args(["serve", "--cleanup-interval", "-5"])
+        CLI.parser().parse_args(["serve", "--cleanup-interval", "-5"])
     assert "must be 0 (off) or more seconds" in capsys.readouterr().err

@@ -15,17 +15,17 @@ from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.cleanup import StaleClaimCleaner
+from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED
+from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory, discover
-from neuron_dra.dra.cleanup import StaleClaimCleaner
-from neuron_dra.dra.driver import CDI_CLASS, CDI_VENDOR, NeuronDriver
-from neuron_dra.dra.health import assess
-from neuron_dra.dra.metrics import DriverMetrics
-from neuron_dra.dra.prepared import STATE_COMPLETED, STATE_STARTED
-from neuron_dra.dra.store import ClaimStore
+from neuron_dra.dra.profile import NeuronProfile
 
 NODE = "node-a"
 LNC1 = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}
@@ -73,8 +73,8 @@ class Rig:
         self.store = ClaimStore(self.paths.plugins_data_dir / "neuron.aws.com" / "checkpoint.json",
                                 read_boot_id(self.paths.host_root))
         self.loaded = self.store.load()
-        self.cdi = CdiSpecWriter(self.paths.cdi_root, CDI_VENDOR, CDI_CLASS)
-        self.driver = NeuronDriver(node_name=NODE, reader=self.reader, cdi=self.cdi, store=self.store,
+        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor("neuron.aws.com"), CDI_CLASS)
+        self.driver = DraDriver(NeuronProfile(), node_name=NODE, reader=self.reader, cdi=self.cdi, store=self.store,
                                    inventory=lambda: self.inventory)
         self.restored = self.driver.restore()
 
@@ -257,7 +257,7 @@ def test_lnc_on_a_generation_without_lnc_is_an_error(tmp_path: Path) -> None:
 def test_missing_device_cannot_be_prepared_and_health_reports_it(rig: Rig) -> None:
     rig.host.remove_neuron(6)
     rig.inventory = discover(rig.paths)
-    rig.driver.set_conditions(assess(rig.inventory))
+    rig.driver.set_health(NeuronProfile().scan(rig.paths, "0.1.0").health)
     ref = rig.reader.add(make_claim("u-1", [6]))
     with pytest.raises(ClaimError, match="neuron-device-6 .*not present"):
         rig.prepare(ref)
@@ -275,7 +275,7 @@ def clean(rig: Rig) -> tuple[list[tuple[str, str]], CollectorRegistry]:
     async def one_pass() -> list[tuple[str, str]]:
         plugin = DraPlugin(rig.driver, rig.paths)
         cleaner = StaleClaimCleaner(store=rig.store, reader=rig.reader, unprepare=plugin.unprepare_claims,
-                                    driver="neuron.aws.com", pool=NODE, metrics=DriverMetrics(registry))
+                                    driver="neuron.aws.com", pool=NODE, metrics=DriverMetrics(registry, "neuron_dra"))
         return [(c.ref.uid, c.staleness.reason) for c in await cleaner.clean_once()]
 
     return asyncio.run(one_pass()), registry
@@ -312,13 +312,13 @@ def test_cleanup_unprepares_stale_claims_and_keeps_live_ones(
     rig.prepare(stale)
     rig.prepare(live)
     change(rig)
-    with caplog.at_level(logging.INFO, logger="neuron_dra.dra.cleanup"):
+    with caplog.at_level(logging.INFO, logger="accel_core.dra.cleanup"):
         cleaned, registry = clean(rig)
     assert cleaned == [("u-1", reason)]
     assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
     assert rig.store.get("u-live") is not None and rig.cdi.exists("u-live")
     assert cleaned_count(registry, reason) == 1
-    [record] = [r for r in caplog.records if r.name == "neuron_dra.dra.cleanup"]
+    [record] = [r for r in caplog.records if r.name == "accel_core.dra.cleanup"]
     assert record.getMessage() == "unprepared stale claim"
     fields = record.__dict__["kv"]
     assert fields["claim"] == "ns/claim-u-1 (uid u-1)" and fields["reason"] == reason
@@ -350,12 +350,12 @@ def test_cleanup_keeps_everything_when_the_api_server_fails(
         raise ClaimError("reading the claim from the API server failed: HTTP 503: unavailable")
 
     monkeypatch.setattr(rig.reader, "read", unavailable)
-    with caplog.at_level(logging.INFO, logger="neuron_dra.dra.cleanup"):
+    with caplog.at_level(logging.INFO, logger="accel_core.dra.cleanup"):
         cleaned, _ = clean(rig)
     assert cleaned == []
     assert {c.uid for c in rig.store.claims()} == {"u-1", "u-2"}
     assert rig.cdi.exists("u-1") and rig.cdi.exists("u-2")
-    warnings = [r for r in caplog.records if r.name == "neuron_dra.dra.cleanup"]
+    warnings = [r for r in caplog.records if r.name == "accel_core.dra.cleanup"]
     assert len(warnings) == 1 and "HTTP 503" in str(warnings[0].__dict__["kv"]["error"])
     monkeypatch.undo()  # the server is back: the next pass cleans up
     cleaned, _ = clean(rig)

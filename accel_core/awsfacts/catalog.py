@@ -1,11 +1,14 @@
 """Typed view of ``instances.yaml``: the hardware each catalog instance type has.
 
-The YAML is the single source of truth; this module only parses and checks it. Use :func:`get` for one type
-and :func:`names` for the list. A malformed catalog raises :class:`CatalogError` naming the type and field.
+The YAML holds the per-type hardware; which Neuron devices each EFA serves comes from the AWS Neuron-to-EFA
+tables in :mod:`accel_core.awsfacts.neuron_efa` (one copy of that fact), which this module joins in and
+cross-checks. Use :func:`get` for one type and :func:`names` for the list. A malformed catalog raises
+:class:`CatalogError` naming the type and field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -14,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from accel_core.awsfacts import neuron_efa
 
 _BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 _ROOT_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
@@ -124,6 +129,7 @@ class NeuronSpec:
     lnc_default: int | None
     topology: str
     efa_mapping_library: bool
+    """True when the AWS Neuron-to-EFA tables cover the type (filled in from neuron_efa, not from the YAML)."""
     ultraserver: bool
     driver_version: str
     devices: tuple[NeuronDevice, ...]
@@ -238,7 +244,7 @@ def _check_indices(where: str, indices: list[int]) -> None:
 
 def _parse_efa(f: _Fields) -> EfaSpec:
     devices = tuple(
-        EfaDevice(d.str_("ibdev"), d.pci(), d.ints("near_gpus"), d.ints("near_neurons")) for d in f.items("devices")
+        EfaDevice(d.str_("ibdev"), d.pci(), d.ints("near_gpus"), ()) for d in f.items("devices")
     )
     if not devices:
         raise CatalogError(f"{f.where}.devices: an efa section needs at least one device")
@@ -266,7 +272,7 @@ def _parse_neuron(f: _Fields, defaults: _Fields) -> NeuronSpec:
         memory_bytes=f.int_("memory_bytes"),
         lnc_default=f.opt_int("lnc_default"),
         topology=f.str_("topology"),
-        efa_mapping_library=f.bool_("efa_mapping_library"),
+        efa_mapping_library=False,
         ultraserver=f.bool_("ultraserver"),
         driver_version=f.str_("driver_version", default=defaults.str_("neuron_driver_version")),
         devices=devices,
@@ -304,8 +310,26 @@ def _parse_type(name: str, f: _Fields, defaults: _Fields) -> InstanceType:
         gpus=gpus,
         neuron=_parse_neuron(neuron_f, defaults) if neuron_f is not None else None,
     )
+    itype = _with_neuron_efa_table(itype)
     _check_cross_refs(itype)
     return itype
+
+
+def _with_neuron_efa_table(t: InstanceType) -> InstanceType:
+    """Join in the AWS Neuron-to-EFA table: each EFA's ``near_neurons`` and the Neuron spec's flag."""
+    table = neuron_efa.efa_table(t.name)
+    if table is None or t.neuron is None or t.efa is None:
+        return t
+    efa_bdfs = {d.pci.bdf for d in t.efa.devices}
+    unknown = sorted(set(table) - efa_bdfs)
+    if unknown or len(table) != len(t.neuron.devices):
+        raise CatalogError(f"instance type {t.name}: the Neuron-to-EFA table ({len(table)} devices, EFAs "
+                           f"{unknown or 'all present'}) does not fit the catalog's {len(t.neuron.devices)} Neuron "
+                           "devices and EFAs")
+    devices = tuple(dataclasses.replace(d, near_neurons=tuple(i for i, b in enumerate(table) if b == d.pci.bdf))
+                    for d in t.efa.devices)
+    return dataclasses.replace(t, efa=dataclasses.replace(t.efa, devices=devices),
+                               neuron=dataclasses.replace(t.neuron, efa_mapping_library=True))
 
 
 def _check_cross_refs(t: InstanceType) -> None:
@@ -336,7 +360,7 @@ def _check_cross_refs(t: InstanceType) -> None:
 def load(path: Path | None = None) -> dict[str, InstanceType]:
     """Parse a catalog file (the packaged ``instances.yaml`` by default) into ``{name: InstanceType}``."""
     if path is None:
-        text = resources.files("accel_core.fakehost").joinpath("instances.yaml").read_text(encoding="utf-8")
+        text = resources.files("accel_core.awsfacts").joinpath("instances.yaml").read_text(encoding="utf-8")
         source = "instances.yaml"
     else:
         text = path.read_text(encoding="utf-8")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accel_core.dra.checkpoint import Checkpoint, CheckpointError, CheckpointFile
+from accel_core.dra.prepared import PreparedClaim
 from accel_core.logs import kv
-from neuron_dra.dra.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,10 @@ class ClaimStore:
     def claims(self) -> list[PreparedClaim]:
         return list(self._claims.values())
 
-    def holder(self, index: int, *, other_than: str) -> PreparedClaim | None:
-        """The claim (other than ``other_than``) that holds device ``index``, if any."""
+    def holder(self, device: str, *, other_than: str) -> PreparedClaim | None:
+        """The claim (other than ``other_than``) that holds ``device``, if any."""
         for uid, claim in self._claims.items():
-            if uid != other_than and index in claim.indices:
+            if uid != other_than and device in claim.devices:
                 return claim
         return None
 

@@ -1,69 +1,83 @@
-"""The Neuron DRA handler: prepare and unprepare claims (the kubelet side), report device health.
+"""The DRA handler for any driver profile: prepare and unprepare claims (the kubelet side), report device health.
 
-Prepare, for each claim the kubelet names:
+Prepare, for each claim the kubelet names (after checking its namespace, name and UID: a bad one fails that claim
+before anything is read or recorded):
 
 1. a claim already prepared (``PrepareCompleted`` in the checkpoint) gets the same answer again, and its CDI
    spec is re-created if it went missing; nothing else is read;
 2. otherwise the claim is read from the API server and checked (same UID, allocated), and only its results for
-   ``neuron.aws.com`` in this node's pool are kept;
+   this driver in this node's pool are kept;
 3. opaque configs are decoded strictly (class configs first, claim configs win);
-4. every device must exist here and must not be held by another claim (the last line of defence against handing
-   a device out twice);
-5. the checkpoint records ``PrepareStarted``, the CDI spec is written, the checkpoint records ``PrepareCompleted``.
+4. the profile turns each request's devices and config into container edits (and refuses unknown devices);
+5. no device may be held by another claim (the last line of defence against handing a device out twice);
+6. the CDI names are checked, then the checkpoint records ``PrepareStarted``, the CDI spec is written, and the
+   checkpoint records ``PrepareCompleted``.
 
 Unprepare removes the CDI spec and the checkpoint entry; an unknown claim (already unprepared, or never prepared
-here) is not an error, and the API server is never consulted, so deleted claims unprepare fine.
+here) is not an error, and the API server is never consulted, so deleted claims unprepare fine. Whatever the
+kubelet sends, an existing entry is always removed (a spec that cannot be removed is logged), so no entry can
+keep its devices reserved for ever.
+
+Everything that touches files (the device-plugin guard, fsync'd checkpoint and CDI writes) runs in a worker
+thread, never on the event loop; the plugin serializes calls, so one claim is worked on at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
+from accel_core.dra.claims import ClaimReader, allocated_for_node
+from accel_core.dra.config import ConfigError, configs_for_requests
+from accel_core.dra.metrics import DriverMetrics
+from accel_core.dra.names import check_claim_ref
+from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED, PreparedClaim, PreparedRequest
+from accel_core.dra.profile import DraProfile
+from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
+from accel_core.health import DeviceHealth
 from accel_core.logs import kv
-from neuron_dra.discovery import NeuronInventory
-from neuron_dra.dra.attributes import DRIVER_NAME, device_name
-from neuron_dra.dra.claims import ApiClaimReader, ClaimReader, allocated_for_node
-from neuron_dra.dra.config import ConfigError, configs_for_requests
-from neuron_dra.dra.health import DeviceCondition, health_reports
-from neuron_dra.dra.metrics import DriverMetrics
-from neuron_dra.dra.prepared import STATE_COMPLETED, PreparedClaim, plan_claim
-from neuron_dra.dra.store import ClaimStore
 
 log = logging.getLogger(__name__)
 
-CDI_VENDOR = "k8s.neuron.aws.com"
 CDI_CLASS = "claim"
 HEALTH_TIMEOUT_SECONDS = 60
 
 
-class NeuronDriver:
-    """Implements :class:`accel_core.dra.types.DraHandler` for ``neuron.aws.com``."""
+def cdi_vendor(driver: str) -> str:
+    """The CDI vendor of a driver's claim specs: ``k8s.<driver>`` (kind ``k8s.<driver>/claim``)."""
+    return f"k8s.{driver}"
 
-    driver_name = DRIVER_NAME
+
+class DraDriver:
+    """Implements :class:`accel_core.dra.types.DraHandler` for one :class:`~accel_core.dra.profile.DraProfile`."""
 
     def __init__(
         self,
+        profile: DraProfile[Any, Any],
         *,
         node_name: str,
         reader: ClaimReader,
         cdi: CdiSpecWriter,
         store: ClaimStore,
-        inventory: Callable[[], NeuronInventory],
+        inventory: Callable[[], Any],
         blocked: Callable[[], str | None] = lambda: None,
         metrics: DriverMetrics | None = None,
     ) -> None:
+        self.profile = profile
+        self.driver_name = profile.driver_name
         self.node_name = node_name
         self.reader = reader
         self.cdi = cdi
         self.store = store
         self._inventory = inventory
         self._blocked = blocked
-        self.metrics = metrics or DriverMetrics(None)
-        self._conditions: dict[int, DeviceCondition] = {}
+        self.metrics = metrics or DriverMetrics(None, profile.metrics_prefix)
+        self._health: dict[str, DeviceHealth] = {}
         #: Seconds the last prepare spent reading the claim, and everything else (for benchmarks).
         self.last_read_seconds = 0.0
         self.last_local_seconds = 0.0
@@ -95,14 +109,15 @@ class NeuronDriver:
             raise
 
     async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        check_claim_ref(claim)
         if self.store.error:
             raise ClaimError(f"checkpoint {self.store.path} is unusable ({self.store.error}); refusing to prepare so "
                              "no device is handed out twice")
         existing = self.store.get(claim.uid)
         if existing is not None and existing.state == STATE_COMPLETED:
-            self._ensure_spec(existing)
+            await asyncio.to_thread(self._ensure_spec, existing)
             return existing.prepared_devices(self.cdi.qualified)
-        reason = self._blocked()
+        reason = await asyncio.to_thread(self._blocked)
         if reason:
             raise ClaimError(reason)
 
@@ -113,16 +128,22 @@ class NeuronDriver:
         self.metrics.claim_read_seconds.observe(read_seconds)
 
         local_start = time.perf_counter()
-        alloc = allocated_for_node(data, claim, driver=DRIVER_NAME, pool=self.node_name)
-        try:
-            configs = configs_for_requests(alloc.configs, alloc.requests)
-        except ConfigError as exc:
-            raise ClaimError(str(exc)) from exc
-        plan = plan_claim(alloc, self._inventory(), configs)
-        for index in plan.indices:
-            holder = self.store.holder(index, other_than=claim.uid)
+        plan = self._plan(claim, data)
+        for device in plan.devices:
+            holder = self.store.holder(device, other_than=claim.uid)
             if holder is not None:
-                raise ClaimError(f"device {device_name(index)} is already prepared for claim {holder.describe()}")
+                raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
+        try:
+            self.cdi.check(plan.uid, (name for name, _ in plan.cdi_devices()))
+        except CdiError as exc:
+            raise ClaimError(str(exc)) from exc
+        done = await asyncio.to_thread(self._record, plan)
+        self.last_local_seconds = time.perf_counter() - local_start
+        self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
+        return done.prepared_devices(self.cdi.qualified)
+
+    def _record(self, plan: PreparedClaim) -> PreparedClaim:
+        """Checkpoint ``PrepareStarted``, write the CDI spec, checkpoint ``PrepareCompleted`` (in a worker thread)."""
         try:
             self.store.put(plan)
             self.cdi.write(plan.uid, plan.cdi_devices())
@@ -131,9 +152,26 @@ class NeuronDriver:
         except (OSError, CdiError) as exc:
             raise ClaimError(f"cannot record the prepared claim: {exc}") from exc
         self._update_gauges()
-        self.last_local_seconds = time.perf_counter() - local_start
-        self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
-        return done.prepared_devices(self.cdi.qualified)
+        return done
+
+    def _plan(self, claim: ClaimRef, data: Mapping[str, Any] | None) -> PreparedClaim:
+        """Which devices and edits each request gets (ClaimError for anything wrong with the claim)."""
+        alloc = allocated_for_node(data, claim, driver=self.driver_name, pool=self.node_name)
+        try:
+            configs = configs_for_requests(alloc.configs, alloc.requests, driver=self.driver_name,
+                                           decode=self.profile.decode_config, default=self.profile.default_config)
+        except ConfigError as exc:
+            raise ClaimError(str(exc)) from exc
+        inventory = self._inventory()
+        requests = []
+        for request in alloc.requests:
+            names = [d.device for d in alloc.devices if d.request == request]
+            edits = self.profile.container_edits(inventory, request, names, configs[request])
+            order = tuple(edits.devices)
+            requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
+                                            edits.request))
+        return PreparedClaim(claim.uid, claim.namespace, claim.name, alloc.devices[0].pool, tuple(requests),
+                             STATE_STARTED)
 
     def _ensure_spec(self, claim: PreparedClaim) -> None:
         if self.cdi.exists(claim.uid):
@@ -147,7 +185,14 @@ class NeuronDriver:
 
     # -- unprepare -------------------------------------------------------------------------------------------------
     async def unprepare(self, claim: ClaimRef) -> None:
-        self.cdi.remove(claim.uid)
+        await asyncio.to_thread(self._unprepare, claim)
+
+    def _unprepare(self, claim: ClaimRef) -> None:
+        try:
+            self.cdi.remove(claim.uid)
+        except CdiError as exc:  # the entry still goes: a spec no claim refers to cannot hand out a device
+            log.warning("could not remove the CDI spec; clearing the claim all the same",
+                        extra=kv(claim=str(claim), error=exc))
         if self.store.error:
             log.warning("checkpoint unusable; removed the CDI spec only", extra=kv(claim=str(claim)))
             return
@@ -161,23 +206,21 @@ class NeuronDriver:
         self._update_gauges()
 
     # -- health ----------------------------------------------------------------------------------------------------
-    def set_conditions(self, conditions: Mapping[int, DeviceCondition]) -> bool:
-        """Record device health; True when it changed."""
-        new = dict(conditions)
-        changed = new != self._conditions
-        self._conditions = new
+    def set_health(self, health: Mapping[str, DeviceHealth]) -> bool:
+        """Record the health of every published device (in pool order); True when it changed."""
+        new = dict(health)
+        changed = new != self._health
+        self._health = new
         self.metrics.devices.set(len(new))
-        for index, cond in new.items():
-            self.metrics.device_healthy.labels(device_name(index)).set(1 if cond.healthy else 0)
+        for name, state in new.items():
+            self.metrics.device_healthy.labels(name).set(1 if state.healthy else 0)
         return changed
 
     def health(self) -> list[DeviceHealthReport] | None:
-        return health_reports(self.node_name, self._conditions, device_name, HEALTH_TIMEOUT_SECONDS)
+        return [DeviceHealthReport(self.node_name, name, state.healthy, state.message, HEALTH_TIMEOUT_SECONDS)
+                for name, state in self._health.items()]
 
     def _update_gauges(self) -> None:
         claims = self.store.claims()
         self.metrics.prepared_claims.set(len(claims))
-        self.metrics.prepared_devices.set(sum(len(c.indices) for c in claims))
-
-
-__all__ = ["ApiClaimReader", "CDI_CLASS", "CDI_VENDOR", "NeuronDriver"]
+        self.metrics.prepared_devices.set(sum(len(c.devices) for c in claims))

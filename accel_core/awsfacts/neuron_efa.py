@@ -2,7 +2,9 @@
 
 These ids let a claim pair Neuron devices with the EFA interfaces next to them through a cross-driver
 ``matchAttribute`` constraint, so they must equal what every other publisher (the AWS EFA mapping library, used by
-the Neuron DRA driver and by DRANET for EFA devices) computes. The rule, as that library defines it:
+the Neuron DRA driver and by DRANET for EFA devices) computes. Both of our DRA drivers (``neuron.aws.com`` on
+Neuron devices, ``efa.aws.com`` on EFA devices) and the EFA device plugin read them from here, as does the fake
+host's instance catalog. The rule, as that library defines it:
 
 - only instance types in :data:`EFA_ENABLED_INSTANCE_TYPES` get ids; the table is chosen by the part of the type
   before the first ``.`` through :data:`TABLE_OF_FAMILY`;

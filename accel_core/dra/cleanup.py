@@ -5,7 +5,9 @@ back, or the Pod was force-deleted while the driver was down so the kubelet neve
 would reserve its devices forever ("already prepared for another claim").
 
 Each pass reads every entry's claim by namespace/name. An entry is stale when the claim is gone (404), has
-another UID, is not allocated, or has no allocation result of this driver in this node's pool; stale entries are
+another UID, is not allocated, or has no allocation result of this driver in this node's pool (an entry whose
+namespace or name is not a valid Kubernetes name, which no API object can have, is stale without asking); stale
+entries are
 unprepared through the same serialized call the kubelet's NodeUnprepareResources uses (CDI spec removed, entry
 dropped, devices freed), so a cleanup never interleaves with a prepare. Any other API error (server away, 5xx,
 timeout) ends the pass without touching anything; the next pass retries.
@@ -20,22 +22,24 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from accel_core.dra.claims import ClaimReader
+from accel_core.dra.metrics import DriverMetrics
+from accel_core.dra.names import object_name_problem
+from accel_core.dra.prepared import PreparedClaim
+from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, PreparedDevice
 from accel_core.logs import kv
-from neuron_dra.dra.claims import ClaimReader
-from neuron_dra.dra.metrics import DriverMetrics
-from neuron_dra.dra.prepared import PreparedClaim
-from neuron_dra.dra.store import ClaimStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CLEANUP_INTERVAL = 600.0
 
-#: ``reason`` label values of ``neuron_dra_stale_claims_cleaned_total``.
+#: ``reason`` label values of ``<prefix>_stale_claims_cleaned_total``.
 REASON_DELETED = "deleted"
 REASON_REPLACED = "replaced"
 REASON_NOT_ALLOCATED = "not_allocated"
 REASON_ALLOCATED_ELSEWHERE = "allocated_elsewhere"
+REASON_INVALID = "invalid"
 
 Unprepare = Callable[[list[ClaimRef]], Awaitable[Mapping[str, tuple[list[PreparedDevice], str]]]]
 
@@ -94,6 +98,12 @@ class StaleClaimCleaner:
         """One pass over the checkpoint; returns the claims it unprepared."""
         cleaned: list[CleanedClaim] = []
         for entry in self.store.claims():
+            invalid = object_name_problem(entry.namespace, entry.name)
+            if invalid:
+                if await self._unprepare(entry, Staleness(REASON_INVALID, f"invalid claim reference: {invalid}")):
+                    cleaned.append(CleanedClaim(ClaimRef(entry.namespace, entry.uid, entry.name),
+                                                Staleness(REASON_INVALID, invalid)))
+                continue
             try:
                 data = await self.reader.read(entry.namespace, entry.name)
             except ClaimError as exc:
@@ -117,5 +127,5 @@ class StaleClaimCleaner:
             return False
         self.metrics.stale_claims_cleaned.labels(why.reason).inc()
         log.info("unprepared stale claim", extra=kv(claim=entry.describe(), state=entry.state, reason=why.reason,
-                                                    why=why.message, devices=list(entry.indices)))
+                                                    why=why.message, devices=list(entry.devices)))
         return True

@@ -2,6 +2,8 @@
 
 The kubelet names a claim by namespace, name and UID. The claim is read fresh (never from a cache), and it must
 still be the same object (same UID) and be allocated. Only results for this driver in this node's pool count.
+Names are checked (:mod:`accel_core.dra.names`) before a request is made, and lightkube builds the request path
+from the resource type, namespace and name.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any, Protocol
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from accel_core.dra.config import OpaqueEntry
+from accel_core.dra.names import is_label, is_request_name, object_name_problem, shown
 from accel_core.dra.types import ClaimError, ClaimRef
-from neuron_dra.dra.config import OpaqueEntry
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class ApiClaimReader:
         self.last_seconds = 0.0
 
     async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        problem = object_name_problem(namespace, name)  # never put an unchecked name in a request path
+        if problem:
+            raise ClaimError(f"invalid claim reference: {problem}")
         start = time.perf_counter()
         try:
             obj = await self.client.get(ResourceClaim, name, namespace=namespace)
@@ -81,12 +87,24 @@ def allocated_for_node(claim: Mapping[str, Any] | None, ref: ClaimRef, *, driver
         raise ClaimError("the claim is not allocated")
     device_alloc = allocation.get("devices") or {}
     results = device_alloc.get("results") or []
-    mine = tuple(
-        AllocatedDevice(str(r.get("request", "")).split("/", 1)[0], str(r.get("pool", "")), str(r.get("device", "")))
-        for r in results if r.get("driver") == driver and r.get("pool") == pool)
+    configs = device_alloc.get("config") or []
+    if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results) or \
+            not isinstance(configs, list) or not all(isinstance(c, Mapping) for c in configs):
+        raise ClaimError("the claim's status.allocation.devices is malformed (results/config are not lists of "
+                         "objects)")
+    mine = []
+    for r in results:
+        if r.get("driver") != driver or r.get("pool") != pool:
+            continue
+        request, device = r.get("request"), r.get("device")
+        if not is_request_name(request):
+            raise ClaimError(f"allocation result request name {shown(request)} is not a DNS label "
+                             "(or request/subrequest)")
+        if not is_label(device):
+            raise ClaimError(f"allocation result device name {shown(device)} is not a DNS label")
+        mine.append(AllocatedDevice(str(request).split("/", 1)[0], pool, str(device)))
     if not mine:
         others = sorted({f"{r.get('driver')}/{r.get('pool')}" for r in results})
         raise ClaimError(f"the allocation has no devices of {driver} in pool {pool} (results: "
                          f"{', '.join(others) or 'none'})")
-    configs = tuple(OpaqueEntry.from_api(c) for c in device_alloc.get("config") or [])
-    return AllocatedClaim(ref, mine, configs)
+    return AllocatedClaim(ref, tuple(mine), tuple(OpaqueEntry.from_api(c) for c in configs))

@@ -1,0 +1,92 @@
+"""The seam a DRA driver implements: a *profile*. Everything else (sockets, registration, claim reading, config
+precedence, the prepare state machine, the double-allocation check, checkpoint, CDI, stale-claim cleanup, slice
+publishing, health stream, taints, liveness, CLI, metrics) is the core's and never changes for a new driver.
+
+A profile says:
+
+- ``driver_name`` (``efa.aws.com``), ``metrics_prefix`` (``efa_dra``), ``udev_subsystems`` to listen to;
+- ``scan(paths, dra_version)``: read the host (called off the event loop) and return a :class:`Scan`: the
+  inventory, the devices to publish (attributes and capacity, no taints) and each device's health;
+- ``watch_paths(paths, inventory)``: host paths whose changes trigger a rescan;
+- ``blocked(paths)``: why the driver must publish and prepare nothing right now (a device plugin for the same
+  hardware is running), or None;
+- ``default_config`` and ``decode_config(parameters, where)``: the strict decoder of one opaque config, to a frozen
+  dataclass whose unset fields are None;
+- ``container_edits(inventory, request, devices, config)``: what the containers of one request get; raises
+  :class:`~accel_core.dra.types.ClaimError` naming a device that is unknown or not usable here.
+
+The core taints unhealthy devices ``<driver>/unhealthy=<reason>:NoSchedule`` and reports the same health to the
+kubelet's health stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from accel_core.dra.slices import SliceDevice, Taint
+from accel_core.edits import ContainerEdits
+from accel_core.health import DeviceHealth
+from accel_core.paths import HostPaths
+
+InventoryT = TypeVar("InventoryT")
+ConfigT = TypeVar("ConfigT")
+
+
+@dataclass(frozen=True)
+class Scan(Generic[InventoryT]):
+    """One look at the host, as the driver publishes it."""
+
+    inventory: InventoryT
+    devices: tuple[SliceDevice, ...]
+    """The pool's devices in order, without taints (the core adds them from ``health``)."""
+    health: Mapping[str, DeviceHealth] = field(default_factory=dict)
+    """By device name; a published device without an entry is healthy."""
+    problems: tuple[str, ...] = ()
+    """Host problems, logged once when they appear and once when they clear; each names its file."""
+    summary: Mapping[str, object] = field(default_factory=dict)
+    """Fields for the start-up log line (instance type, device count...)."""
+
+
+@dataclass(frozen=True)
+class RequestEdits:
+    """What the containers of one request get: per-device edits, plus the request's own (env, shared nodes)."""
+
+    devices: Mapping[str, ContainerEdits]
+    request: ContainerEdits = ContainerEdits()
+
+
+class DraProfile(Protocol[InventoryT, ConfigT]):
+    driver_name: str
+    metrics_prefix: str
+    udev_subsystems: tuple[str, ...]
+    default_config: ConfigT
+
+    def scan(self, paths: HostPaths, dra_version: str) -> Scan[InventoryT]: ...
+
+    def watch_paths(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
+
+    def blocked(self, paths: HostPaths) -> str | None: ...
+
+    def decode_config(self, parameters: Any, where: str) -> ConfigT: ...
+
+    def container_edits(self, inventory: InventoryT, request: str, devices: Sequence[str],
+                        config: ConfigT) -> RequestEdits: ...
+
+
+def unhealthy_taint_key(driver: str) -> str:
+    return f"{driver}/unhealthy"
+
+
+def tainted(driver: str, devices: Sequence[SliceDevice], health: Mapping[str, DeviceHealth]) -> list[SliceDevice]:
+    """The devices with ``<driver>/unhealthy=<reason>:NoSchedule`` on every unhealthy one."""
+    out = []
+    for dev in devices:
+        state = health.get(dev.name)
+        if state is not None and not state.healthy:
+            dev = SliceDevice(dev.name, dev.attributes, dev.capacity,
+                              (Taint(unhealthy_taint_key(driver), state.reason, "NoSchedule"),))
+        out.append(dev)
+    return out

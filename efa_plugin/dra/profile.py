@@ -1,0 +1,129 @@
+"""The EFA DRA driver ``efa.aws.com`` as a profile of the generic DRA core (:mod:`accel_core.dra`).
+
+- devices: one per EFA, named ``efa-<PCI address>`` with ``:`` and ``.`` as ``-`` (``efa-0000-4f-00-0``): a
+  DNS label that stays the same across reboots (the ``uverbsN`` index and even the ibdev name may not);
+- attributes (unqualified names are the driver's domain, CEL ``device.attributes['efa.aws.com'].rdmaDevice``):
+  ``pciAddress``, ``rdmaDevice`` (ibdev), ``uverbs``, ``numaNode`` (when known), ``instanceType``, ``linkLayer``,
+  ``portState``, ``firmwareVersion`` (when sysfs has it), ``draDriverVersion``, plus
+  ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID``, and on the instance types the AWS
+  Neuron-to-EFA tables cover, ``resource.aws.com/devicegroup{1,4,8,16}_id``: the ids of the Neuron device(s) the
+  EFA serves, the same values the Neuron driver publishes (:mod:`accel_core.awsfacts.neuron_efa`);
+- health: the EFA rule the device plugin uses (:mod:`efa_plugin.health`); a device seen earlier that vanishes
+  stays published, tainted ``DeviceMissing``;
+- config: ``EfaConfig`` (``apiVersion: efa.aws.com/v1``), strict, no settings yet;
+- container edits: the device's ``/dev/infiniband/uverbsN`` per device, and ``/dev/infiniband/rdma_cm`` once per
+  request when the host has it;
+- nothing is published or prepared while the EFA device plugin runs on the node.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from accel_core.awsfacts.neuron_efa import efa_device_group_ids
+from accel_core.coexistence import device_plugin_blocks_dra
+from accel_core.dra.config import check_fields, check_type, parameters_object
+from accel_core.dra.profile import RequestEdits, Scan
+from accel_core.dra.slices import AttributeValue, SliceDevice, Version
+from accel_core.dra.types import ClaimError
+from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.paths import HostPaths
+from efa_plugin import DRA_DRIVER_NAME, SOCKET_NAME
+from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
+from efa_plugin.health import SeenDevices, device_health, present
+
+API_VERSION = "efa.aws.com/v1"
+KIND = "EfaConfig"
+RDMA_CM = f"{DEV_IB}/rdma_cm"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+
+
+@dataclass(frozen=True)
+class EfaConfig:
+    """The decoded opaque config (``EfaConfig`` has no settings yet; strict decoding still refuses typos)."""
+
+
+def device_name(dev: EfaDevice) -> str:
+    """``efa-0000-4f-00-0``; the ibdev name for a device without a PCI address."""
+    base = dev.pci_address if dev.pci_address else dev.ibdev
+    return "efa-" + "".join(c if c.isalnum() else "-" for c in base.lower())[:59].strip("-")
+
+
+def device_attributes(inv: EfaInventory, dev: EfaDevice, dra_version: str) -> dict[str, AttributeValue]:
+    attrs: dict[str, AttributeValue] = {
+        "pciAddress": dev.pci_address,
+        "rdmaDevice": dev.ibdev,
+        "uverbs": dev.uverbs,
+        "draDriverVersion": Version(dra_version),
+    }
+    optional: dict[str, AttributeValue | None] = {
+        "numaNode": dev.numa_node, "instanceType": inv.instance_type, "linkLayer": dev.link_layer,
+        "portState": dev.port_state, "firmwareVersion": dev.firmware_version, PCIE_ROOT: dev.pcie_root,
+    }
+    attrs.update((k, v[:64] if isinstance(v, str) else v) for k, v in optional.items() if v not in (None, ""))
+    if dev.pci_address:
+        attrs[PCI_BUS_ID] = dev.pci_address
+        attrs.update(efa_device_group_ids(inv.instance_type or "", dev.pci_address))
+    return attrs
+
+
+class EfaProfile:
+    """:class:`~accel_core.dra.profile.DraProfile` for EFA devices. Keeps the devices it has seen."""
+
+    driver_name: str = DRA_DRIVER_NAME
+    metrics_prefix: str = "efa_dra"
+    udev_subsystems: tuple[str, ...] = ("infiniband", "infiniband_verbs")
+    default_config: EfaConfig = EfaConfig()
+
+    def __init__(self) -> None:
+        self._seen = SeenDevices()
+        self._rdma_cm = False
+
+    def scan(self, paths: HostPaths, dra_version: str) -> Scan[EfaInventory]:
+        inv, _ = self._seen.update(discover(paths))
+        self._rdma_cm = os.path.exists(paths.host(RDMA_CM))
+        devices = tuple(SliceDevice(device_name(d), device_attributes(inv, d, dra_version)) for d in inv.devices)
+        health = {device_name(d): device_health(d) for d in inv.devices}
+        problems = (*inv.skipped, *(p for d in inv.devices for p in d.problems))
+        summary = {"instance_type": inv.instance_type or None, "ignored_rdma": len(inv.ignored)}
+        return Scan(inv, devices, health, problems, summary)
+
+    def watch_paths(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
+        """Files, so the watcher watches their directories: the verbs class, /dev/infiniband, each present
+        device's port state, and the device-plugins directory (the coexistence guard)."""
+        out = [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), paths.device_plugins_dir / SOCKET_NAME]
+        for dev in inventory.devices:
+            if present(dev):
+                out += [dev.sysfs_dir / "ports" / str(port) / "state" for port, _ in dev.port_states]
+        return out
+
+    def blocked(self, paths: HostPaths) -> str | None:
+        return device_plugin_blocks_dra(paths.device_plugins_dir, (SOCKET_NAME,), "EFA")
+
+    def decode_config(self, parameters: object, where: str) -> EfaConfig:
+        params = parameters_object(parameters, where)
+        check_fields(params, where, ("apiVersion", "kind"))
+        check_type(params, where, API_VERSION, KIND)
+        return EfaConfig()
+
+    def container_edits(self, inventory: EfaInventory, request: str, devices: Sequence[str],
+                        config: EfaConfig) -> RequestEdits:
+        """Each device's ``uverbsN`` node (rw, with its major:minor), and ``rdma_cm`` for the request."""
+        by_name = {device_name(d): d for d in inventory.devices}
+        edits: dict[str, ContainerEdits] = {}
+        for name in devices:
+            dev = by_name.get(name)
+            if dev is None:
+                raise ClaimError(f"device {name} (request {request}) is not an EFA of this node "
+                                 f"(devices: {', '.join(sorted(by_name)) or 'none'})")
+            if not present(dev):
+                raise ClaimError(f"device {name} ({dev.ibdev}, request {request}) cannot be used on this node: "
+                                 f"{device_health(dev).message}")
+            node = DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor)
+            edits[name] = ContainerEdits(device_nodes=(node,))
+        shared = (DeviceNode(RDMA_CM, permissions="rw"),) if self._rdma_cm else ()
+        return RequestEdits(edits, ContainerEdits(device_nodes=shared))

@@ -1,0 +1,59 @@
+"""The one health rule for EFA devices, used by the EFA device plugin and the EFA DRA driver alike, and the memory
+of devices seen earlier that both keep.
+
+A device is healthy when discovery found no problem with it. Otherwise the reason (the DRA taint value) is the
+kind of its first typed problem: ``DeviceMissing`` (gone from sysfs), ``DevNodeMissing`` (its
+``/dev/infiniband/uverbsN`` is missing or is another device), ``PortDown`` (a port is not ACTIVE) or
+``HostFileError`` (a file it needs is unreadable or malformed). The rule keeps no state: a device is healthy again
+as soon as the host looks right again (port back to ACTIVE, device back). Message text is never parsed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from accel_core.health import HEALTHY, DeviceHealth, Problem, ProblemKind, kinds
+from efa_plugin.discovery import CLASS_IB, CLASS_VERBS, EfaDevice, EfaInventory
+
+MESSAGE_MAX = 512
+
+
+def device_health(dev: EfaDevice) -> DeviceHealth:
+    if not dev.problems:
+        return HEALTHY
+    found = kinds(dev.problems)
+    reason = (found[0] if found else ProblemKind.BAD_HOST_FILE).value
+    message = "; ".join(dev.problems)
+    return DeviceHealth(False, reason, message if len(message) <= MESSAGE_MAX else message[:MESSAGE_MAX - 3] + "...")
+
+
+def vanished(dev: EfaDevice) -> EfaDevice:
+    """A device seen earlier whose sysfs entries are gone: kept, with a DeviceMissing problem."""
+    gone = Problem(f"{CLASS_IB}/{dev.ibdev} and {CLASS_VERBS}/{dev.uverbs} are gone (device detached?)",
+                   ProblemKind.DEVICE_MISSING)
+    return dataclasses.replace(dev, problems=(gone,))
+
+
+def present(dev: EfaDevice) -> bool:
+    """The device is on the host with a usable device node (it can be handed to a container)."""
+    found = kinds(dev.problems)
+    return ProblemKind.DEVICE_MISSING not in found and ProblemKind.DEV_NODE_MISSING not in found
+
+
+class SeenDevices:
+    """Every device seen since start: one that vanishes stays listed (unhealthy) so capacity does not silently
+    shrink and its identity stays put until it is back."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, EfaDevice] = {}
+
+    def update(self, found: EfaInventory) -> tuple[EfaInventory, list[EfaDevice]]:
+        """The inventory with vanished devices added, and the devices seen for the first time."""
+        devices = {d.id: d for d in found.devices}
+        for device_id, last in self._seen.items():
+            if device_id not in devices:
+                devices[device_id] = vanished(last)
+        new = [d for d in found.devices if d.id not in self._seen]
+        self._seen.update((d.id, d) for d in found.devices)
+        ordered = tuple(sorted(devices.values(), key=lambda d: d.id))
+        return dataclasses.replace(found, devices=ordered), new

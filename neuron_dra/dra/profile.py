@@ -1,0 +1,107 @@
+"""The Neuron DRA driver ``neuron.aws.com`` as a profile of the generic DRA core (:mod:`accel_core.dra`).
+
+- devices: one per Neuron device (chip), ``neuron-device-<i>``, with the attributes of :mod:`.attributes`;
+- health: :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors), the rule the Neuron
+  device plugin uses too, becomes a taint and the kubelet's
+  health stream;
+- config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request;
+- container edits: ``/dev/neuron<i>`` per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of
+  the request's devices, numbered as the runtime in the container numbers them: see neuron_dra.runtime_env) and
+  ``NEURON_LOGICAL_NC_CONFIG`` when the claim sets it;
+- a vanished device keeps the PCI address, PCIe root and NUMA node it had, so its published identity stays put
+  while it is gone (only its taint changes) and it comes back unchanged;
+- nothing is published or prepared while a Neuron device plugin runs on the node (:mod:`.guard`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from accel_core.dra.profile import RequestEdits, Scan
+from accel_core.dra.types import ClaimError
+from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.paths import HostPaths
+from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
+from neuron_dra.dra.attributes import DRIVER_NAME, device_index, device_name, slice_devices
+from neuron_dra.dra.config import NeuronConfig, decode_parameters
+from neuron_dra.dra.guard import blocked_reason
+from neuron_dra.health import assess
+from neuron_dra.runtime_env import LNC_ENV, VISIBLE_CORES_ENV, format_core_list, visible_cores
+
+
+class NeuronProfile:
+    """:class:`~accel_core.dra.profile.DraProfile` for Neuron devices. Keeps the devices it has seen."""
+
+    driver_name: str = DRIVER_NAME
+    metrics_prefix: str = "neuron_dra"
+    udev_subsystems: tuple[str, ...] = ("neuron_device",)
+    default_config: NeuronConfig = NeuronConfig()
+
+    def __init__(self) -> None:
+        self._known: set[int] = set()
+        self._last_present: dict[int, NeuronDevice] = {}
+
+    def scan(self, paths: HostPaths, dra_version: str) -> Scan[NeuronInventory]:
+        inv = self._with_last_known_slots(discover(paths, known=self._known))
+        self._known.update(d.index for d in inv.devices)
+        health = {device_name(i): state for i, state in assess(inv).items()}
+        summary = {"instance_type": inv.instance_type or None, "topology": inv.topology.kind, "lnc": inv.lnc,
+                   "driver_version": inv.driver_version}
+        return Scan(inv, tuple(slice_devices(inv, dra_version)), health, tuple(inv.all_problems()), summary)
+
+    def _with_last_known_slots(self, inv: NeuronInventory) -> NeuronInventory:
+        devices = []
+        for dev in inv.devices:
+            last = self._last_present.get(dev.index)
+            if dev.present:
+                self._last_present[dev.index] = dev
+            elif last is not None:
+                dev = replace(dev, pci_address=dev.pci_address or last.pci_address,
+                              pcie_root=dev.pcie_root or last.pcie_root,
+                              numa_node=dev.numa_node if dev.numa_node is not None else last.numa_node)
+            devices.append(dev)
+        return replace(inv, devices=tuple(devices))
+
+    def watch_paths(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
+        return [paths.host(CLASS_DIR), paths.device_plugins_dir]
+
+    def blocked(self, paths: HostPaths) -> str | None:
+        return blocked_reason(paths.device_plugins_dir)
+
+    def decode_config(self, parameters: object, where: str) -> NeuronConfig:
+        return decode_parameters(parameters, where)
+
+    def container_edits(self, inventory: NeuronInventory, request: str, devices: Sequence[str],
+                        config: NeuronConfig) -> RequestEdits:
+        """``/dev/neuron<i>`` per device (in index order) and the request's NeuronCore env."""
+        by_index = {d.index: d for d in inventory.devices}
+        indices: list[int] = []
+        for name in devices:
+            index = device_index(name)
+            if index is None or index not in by_index:
+                raise ClaimError(f"device {name} (request {request}) is not a Neuron device of this node "
+                                 f"(devices: {', '.join(device_name(i) for i in sorted(by_index)) or 'none'})")
+            if not by_index[index].present:
+                raise ClaimError(f"device {name} (request {request}) is not present on this node: "
+                                 f"{'; '.join(by_index[index].problems) or 'missing'}")
+            indices.append(index)
+        lnc = config.logical_neuron_core
+        if lnc is not None and not inventory.lnc_applies:
+            kind = inventory.devices[0].device_name if inventory.devices else inventory.arch
+            node = inventory.instance_type or "this node"
+            raise ClaimError(f"request {request}: logicalNeuronCore: {lnc} is set, but {node} ({kind}) has no "
+                             "Logical NeuronCore setting")
+        effective = lnc if lnc is not None else (inventory.lnc if inventory.lnc_applies else None)
+        cores: list[int] = []
+        per_device = 1
+        for index in sorted(indices):
+            per_device = max(1, by_index[index].core_count // (effective or 1))
+            cores.extend(range(index * per_device, (index + 1) * per_device))
+        env = [(VISIBLE_CORES_ENV, format_core_list(visible_cores(cores, per_device)))]
+        if lnc is not None:
+            env.append((LNC_ENV, str(lnc)))
+        edits = {device_name(i): ContainerEdits(device_nodes=(DeviceNode(f"/dev/neuron{i}"),))
+                 for i in sorted(indices)}
+        return RequestEdits(edits, ContainerEdits(env=tuple(env)))

@@ -1,0 +1,189 @@
+"""Hand-made DRA requests with hostile claim references and allocations (issue 14, items 2 and 3).
+
+The kubelet is not the only thing that can reach the DRA socket. A namespace, name or UID that is not a Kubernetes
+name must fail that claim alone, before any API request, and before anything is recorded; and whatever is in the
+checkpoint, an unprepare must be able to clear it so no device stays reserved for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from accel_core.dra.cdi import CdiSpecWriter
+from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
+from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.cleanup import StaleClaimCleaner
+from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.metrics import DriverMetrics
+from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.store import ClaimStore
+from accel_core.dra.types import ClaimError, ClaimRef
+from accel_core.fakehost import build_host
+from accel_core.paths import HostPaths
+from neuron_dra.discovery import discover
+from neuron_dra.dra.profile import NeuronProfile
+
+NODE = "node-a"
+DRIVER = "neuron.aws.com"
+
+
+def claim(ns: str, name: str, uid: str, devices: list[int], *, request: str = "r") -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": request, "driver": DRIVER, "pool": NODE, "device": f"neuron-device-{i}"}
+                for i in devices]}}}}
+
+
+class RecordingReader:
+    """Claims by (namespace, name); records every read it is asked for."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.asked: list[tuple[str, str]] = []
+
+    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        self.asked.append((namespace, name))
+        return self.claims.get((namespace, name))
+
+
+class Rig:
+    def __init__(self, root: Path) -> None:
+        build_host(root / "host", "inf2.48xlarge")
+        self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
+                               device_plugins=root / "kubelet" / "device-plugins")
+        self.inventory = discover(self.paths)
+        self.reader = RecordingReader()
+        self.checkpoint = self.paths.plugins_data_dir / DRIVER / "checkpoint.json"
+        self.start()
+
+    def start(self) -> None:
+        self.store = ClaimStore(self.checkpoint, read_boot_id(self.paths.host_root))
+        self.store.load()
+        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
+        self.driver = DraDriver(NeuronProfile(), node_name=NODE, reader=self.reader, cdi=self.cdi,
+                                store=self.store, inventory=lambda: self.inventory)
+        self.plugin = DraPlugin(self.driver, self.paths)
+
+    def prepare(self, *refs: ClaimRef) -> dict[str, tuple[list[Any], str]]:
+        return asyncio.run(self.plugin.prepare_claims(list(refs)))
+
+    def unprepare(self, *refs: ClaimRef) -> dict[str, tuple[list[Any], str]]:
+        return asyncio.run(self.plugin.unprepare_claims(list(refs)))
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+HOSTILE = [
+    (ClaimRef("../../../api/v1/nodes", "u-1", "x"), "namespace '../../../api/v1/nodes' is not a DNS-1123 label"),
+    (ClaimRef("ns", "u-1", "c/../../../../api/v1/secrets"), "claim name 'c/../../../../api/v1/secrets' is not"),
+    (ClaimRef("ns", "u-1", "C"), "claim name 'C' is not a DNS-1123 subdomain"),
+    (ClaimRef("ns", "u-1", "x" * 254), "claim name 'xxxxxxxxxxxxxxxx"),
+    (ClaimRef("NS", "u-1", "c"), "namespace 'NS' is not"),
+    (ClaimRef("ns", "bad\x00uid", "c"), "claim UID 'bad\\x00uid' is not a UID"),
+    (ClaimRef("ns", "u" * 300, "c"), "claim UID 'uuuu"),
+    (ClaimRef("ns", "", "c"), "claim UID '' is not a UID"),
+    (ClaimRef("ns", "../x", "c"), "claim UID '../x' is not a UID"),
+]
+
+
+@pytest.mark.parametrize(("ref", "message"), HOSTILE)
+def test_a_hostile_reference_fails_alone_before_any_read_or_record(rig: Rig, ref: ClaimRef, message: str) -> None:
+    rig.reader.claims[("ns", "good")] = claim("ns", "good", "u-good", [0])
+    rig.reader.claims[(ref.namespace, ref.name)] = claim(ref.namespace, ref.name, ref.uid, [1])
+    out = rig.prepare(ref, ClaimRef("ns", "u-good", "good"))
+    devices, error = out[ref.uid]
+    assert devices == [] and "invalid claim reference: " + message in error
+    assert len(error) < 400, "messages stay short whatever the input"
+    assert out["u-good"][1] == "" and [d.device for d in out["u-good"][0]] == ["neuron-device-0"]
+    assert rig.reader.asked == [("ns", "good")], "the hostile claim was never read"
+    assert [c.uid for c in rig.store.claims()] == ["u-good"]
+    assert sorted(p.name for p in rig.paths.cdi_root.iterdir()) == ["k8s.neuron.aws.com-claim_u-good.json"]
+    # the device the hostile claim named is free for a real claim
+    rig.reader.claims[("ns", "next")] = claim("ns", "next", "u-next", [1])
+    assert rig.prepare(ClaimRef("ns", "u-next", "next"))["u-next"][1] == ""
+
+
+def test_the_api_reader_refuses_unchecked_names_without_a_request() -> None:
+    # an API server address where nothing listens: a request would fail with a transport error instead
+    config = KubeConfig.from_dict({
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
+
+    async def read(namespace: str, name: str) -> str:
+        client = AsyncClient(config)
+        try:
+            await ApiClaimReader(client).read(namespace, name)
+        except ClaimError as exc:
+            return str(exc)
+        finally:
+            await client.close()
+        return "no error"
+
+    assert asyncio.run(read("..", "nodes")) == "invalid claim reference: namespace '..' is not a DNS-1123 label"
+    assert "transport" not in asyncio.run(read("ns", "../../nodes"))
+    assert "reading the claim from the API server failed" in asyncio.run(read("ns", "fine"))
+
+
+@pytest.mark.parametrize(("result", "message"), [
+    ({"request": "r/../../x", "device": "neuron-device-0"}, "request name 'r/../../x' is not a DNS label"),
+    ({"request": "r", "device": "../../../etc/passwd"}, "device name '../../../etc/passwd' is not a DNS label"),
+    ({"request": "r", "device": "neuron-device-0\n"}, "device name 'neuron-device-0\\n' is not a DNS label"),
+    ({"request": 7, "device": "neuron-device-0"}, "request name '7' is not"),
+])
+def test_hostile_allocation_results_record_nothing(rig: Rig, result: dict[str, Any], message: str) -> None:
+    data = claim("ns", "c", "u-1", [])
+    data["status"]["allocation"]["devices"]["results"] = [{"driver": DRIVER, "pool": NODE, **result}]
+    rig.reader.claims[("ns", "c")] = data
+    _, error = rig.prepare(ClaimRef("ns", "u-1", "c"))["u-1"]
+    assert message in error
+    assert rig.store.claims() == [] and not rig.paths.cdi_root.exists()
+
+
+def test_malformed_allocation_is_a_claim_error(rig: Rig) -> None:
+    data = claim("ns", "c", "u-1", [0])
+    data["status"]["allocation"]["devices"]["results"] = "not a list"
+    rig.reader.claims[("ns", "c")] = data
+    _, error = rig.prepare(ClaimRef("ns", "u-1", "c"))["u-1"]
+    assert "status.allocation.devices is malformed" in error and "internal error" not in error
+
+
+def poison(rig: Rig, uid: str, name: str, device: int) -> None:
+    """A checkpoint entry as an older driver could have left it: recorded before its names were checked."""
+    entry = {"state": "PrepareStarted", "namespace": "ns", "name": name, "pool": NODE,
+             "requests": [{"name": "r", "devices": [f"neuron-device-{device}"], "deviceEdits": {}, "edits": {}}]}
+    CheckpointFile(rig.checkpoint).save(Checkpoint(read_boot_id(rig.paths.host_root), {uid: entry}))
+    rig.start()
+
+
+@pytest.mark.parametrize("uid", ["bad\x00uid", "u" * 300, "../../etc"])
+def test_unprepare_always_clears_an_entry_and_frees_its_devices(rig: Rig, uid: str) -> None:
+    poison(rig, uid, "c", 2)
+    rig.reader.claims[("ns", "other")] = claim("ns", "other", "u-other", [2])
+    assert "already prepared" in rig.prepare(ClaimRef("ns", "u-other", "other"))["u-other"][1]
+    assert rig.unprepare(ClaimRef("ns", uid, "c"))[uid][1] == ""
+    assert rig.store.claims() == []
+    assert json.loads(rig.checkpoint.read_text())["body"]["claims"] == {}
+    assert rig.prepare(ClaimRef("ns", "u-other", "other"))["u-other"][1] == ""
+
+
+def test_cleanup_clears_entries_no_api_object_can_match(rig: Rig) -> None:
+    poison(rig, "u-1", "../../nodes/x", 3)
+
+    async def clean() -> list[tuple[str, str]]:
+        cleaner = StaleClaimCleaner(store=rig.store, reader=rig.reader, unprepare=rig.plugin.unprepare_claims,
+                                    driver=DRIVER, pool=NODE, metrics=DriverMetrics(None, "neuron_dra"))
+        return [(c.ref.uid, c.staleness.reason) for c in await cleaner.clean_once()]
+
+    assert asyncio.run(clean()) == [("u-1", "invalid")]
+    assert rig.reader.asked == [] and rig.store.claims() == []

@@ -1,0 +1,58 @@
+"""The shape the design asks for, checked on the source: the generic core knows no accelerator, the two accelerator
+packages do not import each other, AWS facts live in accel_core.awsfacts only, and production code never imports
+the fake host or the dev tools."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DEV_ONLY = ("accel_core.fakehost", "accel_core.devtools")
+
+
+def imports(package: str) -> dict[str, set[str]]:
+    """Module file -> the modules it imports (absolute names)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        if path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+            continue
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module)
+        out[str(path.relative_to(REPO))] = found
+    return out
+
+
+def offenders(package: str, forbidden: tuple[str, ...], *, skip: tuple[str, ...] = ()) -> list[str]:
+    return [f"{module} imports {name}" for module, names in imports(package).items()
+            if not module.startswith(skip) for name in sorted(names) if name.startswith(forbidden)]
+
+
+def test_the_core_knows_no_accelerator() -> None:
+    # the dev tools (demo, cluster) wire real daemons together, so they may; nothing else in the core does
+    assert offenders("accel_core", ("efa_plugin", "neuron_dra"), skip=("accel_core/devtools/",)) == []
+
+
+def test_accelerator_packages_do_not_import_each_other() -> None:
+    assert offenders("efa_plugin", ("neuron_dra",)) == []
+    assert offenders("neuron_dra", ("efa_plugin",)) == []
+
+
+def test_production_never_imports_the_fake_host_or_dev_tools() -> None:
+    found = (offenders("efa_plugin", DEV_ONLY) + offenders("neuron_dra", DEV_ONLY)
+             + offenders("accel_core", DEV_ONLY, skip=("accel_core/fakehost/", "accel_core/devtools/")))
+    assert found == []
+
+
+def test_a_dra_driver_is_a_profile_and_a_three_line_cli() -> None:
+    # what a second driver added: a profile and a CLI naming it; no DRA machinery of its own
+    for package in ("efa_plugin/dra", "neuron_dra/dra"):
+        modules = {p.name for p in (REPO / package).glob("*.py")}
+        for machinery in ("driver.py", "store.py", "cleanup.py", "claims.py", "service.py", "prepared.py"):
+            assert machinery not in modules, f"{package}/{machinery}: driver machinery belongs in accel_core/dra"
+        cli = (REPO / package / "cli.py").read_text()
+        assert "DriverCli(" in cli and "argparse" not in cli
