@@ -245,8 +245,8 @@ def test_prepare_refuses_unknown_and_vanished_devices(tmp_path: Path) -> None:
 
 
 # -- coexistence -----------------------------------------------------------------------------------------------------
-def test_dra_driver_and_device_plugin_step_aside_for_each_other(tmp_path: Path) -> None:
-    _, paths = host(tmp_path, "p4d.24xlarge")
+def test_dra_driver_and_device_plugin_step_aside_for_each_other(short_tmp: Path) -> None:
+    _, paths = host(short_tmp, "p4d.24xlarge")  # short: unix socket paths are bound below
     profile, policy = EfaProfile(), EfaPolicy(paths)
     plugins, registry = paths.device_plugins_dir, paths.plugins_registry_dir
     plugins.mkdir(parents=True)
