@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -278,7 +279,7 @@ class Daemon:
         full_env = {**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, "PYTHONPATH": str(REPO_ROOT),
                     **self.env}
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", *self.argv], env=full_env, stdout=log,
+            self.proc = subprocess.Popen([sys.executable, *self.argv], env=full_env, stdout=log,
                                          stderr=subprocess.STDOUT)
         return self
 
@@ -302,12 +303,14 @@ class Daemon:
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Console scripts -> the module ``python -m`` runs (pyproject's [project.scripts]).
-DAEMON_MODULES = {
-    "efa-device-plugin": "efa_plugin.cli",
-    "neuron-device-plugin": "neuron_dra.deviceplugin.cli",
-    "neuron-dra-driver": "neuron_dra.dra.cli",
-}
+
+
+def console_script(name: str) -> list[str]:
+    """Arguments that run the console script ``name`` of this checkout with this Python (its entry point from
+    the installed metadata, so a script added to pyproject.toml needs nothing here)."""
+    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == name]
+    module, _, func = entry.value.partition(":")
+    return ["-c", f"import sys; from {module} import {func}; sys.argv[0] = {name!r}; sys.exit({func}())"]
 
 
 @pytest.fixture
@@ -318,7 +321,7 @@ def daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
     def start(script: str, *args: str, env: Mapping[str, str]) -> Daemon:
         log = tmp_path / f"{script}-{len(started)}.log"
-        d = Daemon([DAEMON_MODULES[script], *args], dict(env), log).start()
+        d = Daemon([*console_script(script), *args], dict(env), log).start()
         started.append(d)
         _DAEMON_LOGS.append(log)
         return d

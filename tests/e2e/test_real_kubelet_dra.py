@@ -11,6 +11,7 @@ connected group of 4 is one row; LNC 2 gives 4 logical cores per device, LNC 1 g
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -213,3 +214,45 @@ def test_slice_wipes_restarts_and_health(kubelet_node: MakeNode, daemon: StartDa
     again, _ = cdi_edits(node.kubelet.layout.cdi_root, second.cdi_devices)
     assert not held & again, (held, again)
     assert (node.kubelet.layout.cdi_root / f"k8s.neuron.aws.com-claim_{claim_uid(ctr.cdi_devices)}.json").exists()
+
+
+# neuron.md §3, "EFA BDF per Neuron device" for trn2/trn2e/trn2u (bus:00.0, domain 0000): Neuron device -> its EFA.
+TRN2_EFA_BUS = {0: "c9", 1: "b4", 2: "b3", 3: "ca", 4: "6c", 5: "57", 6: "56", 7: "6d",
+                8: "98", 9: "83", 10: "82", 11: "99", 12: "f5", 13: "e0", 14: "df", 15: "f6"}
+
+
+def test_neuron_devices_with_their_efa_in_one_claim(control_plane: ControlPlane, kubelet_node: MakeNode,
+                                                    daemon: StartDaemon, kube_client: Client, device_class: None,
+                                                    namespace: str, wait: Wait) -> None:
+    """Example (c) of examples/efa-dra: both DRA drivers on one node, one claim, one torus row and its EFAs."""
+    out = subprocess.run([str(control_plane.helm), "template", "efa",
+                          str(REPO_ROOT / "charts/aws-efa-k8s-device-plugin"), "--set", "draDriver.enabled=true",
+                          "--set", "devicePlugin.enabled=false"], capture_output=True, text=True, timeout=120,
+                         check=True)
+    (doc,) = [d for d in yaml.safe_load_all(out.stdout) if d and d.get("kind") == "DeviceClass"]
+    try:
+        kube_client.create(codecs.from_dict(doc))
+    except ApiError as exc:
+        if exc.status.code != 409:
+            raise
+    node = kubelet_node("trn2.48xlarge")
+    start_driver(daemon, node)
+    daemon("efa-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1",
+           env=node.env(POD_UID="efa-pod-1"))
+    wait(lambda: slice_devices(kube_client, node.name) == 16, "16 Neuron devices published", timeout=60)
+    wait(lambda: len(list(kube_client.list(ResourceSlice, fields={"spec.nodeName": node.name,
+                                                                  "spec.driver": "efa.aws.com"}))) > 0,
+         "EFA devices published", timeout=60)
+    (tmpl,) = [d for d in yaml.safe_load_all((REPO_ROOT / "examples/efa-dra/trn2-4-neurons-with-their-efa.yaml")
+                                             .read_text()) if d["kind"] == "ResourceClaimTemplate"]
+    name = apply_template(kube_client, namespace, tmpl)
+    create_pod(kube_client, namespace, "aligned", node.name, claims=[("devices", name)])
+    wait(lambda: pod_phase(kube_client, namespace, "aligned") == "Running", "aligned Running", timeout=120)
+    (ctr,) = node.kubelet.containers("aligned", namespace)
+    nodes, _ = cdi_edits(node.kubelet.layout.cdi_root, ctr.cdi_devices)
+    neurons = sorted(int(p.removeprefix("/dev/neuron")) for p in nodes if p.startswith("/dev/neuron"))
+    uverbs = sorted(p.removeprefix("/dev/infiniband/") for p in nodes if p.startswith("/dev/infiniband/uverbs"))
+    assert len(neurons) == 4 and len({d // 4 for d in neurons}) == 1, neurons
+    buses = {Path(os.path.realpath(node.host.root / "sys/class/infiniband_verbs" / u / "device")).name
+             for u in uverbs}
+    assert buses == {f"0000:{TRN2_EFA_BUS[d]}:00.0" for d in neurons}, (neurons, buses)
