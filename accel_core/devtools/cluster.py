@@ -61,11 +61,24 @@ def node_dirs(state_dir: Path) -> list[Path]:
     return sorted(d for d in base.iterdir() if (d / "node.json").exists()) if base.is_dir() else []
 
 
+def _lnc_for(instance_type: str, lnc: int | None) -> int | None:
+    """``--lnc`` applies to the nodes whose instance type has a Logical NeuronCore setting."""
+    from accel_core.awsfacts.catalog import UnknownInstanceType, get
+
+    try:
+        return lnc if lnc is not None and get(instance_type).supports_lnc else None
+    except UnknownInstanceType:
+        return lnc  # the host build names the unknown type
+
+
 def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
     """Start one kubelet node per ``--node``; a failed one is stopped again and the error names it."""
     from accel_core.fakehost import FakeHostError, UnknownInstanceType, build_host
 
-    wanted = {name: (itype, args.lnc, not args.no_efa) for name, itype in args.node}
+    wanted = {name: (itype, _lnc_for(itype, args.lnc), not args.no_efa) for name, itype in args.node}
+    if args.lnc is not None and args.node and all(lnc is None for _, lnc, _ in wanted.values()):
+        raise ControlPlaneError(f"--lnc {args.lnc}: none of the nodes' instance types has a Logical NeuronCore "
+                                "setting (trn2 types have)")
     for node_dir in node_dirs(args.state_dir):  # nodes of an earlier `up` come back too
         old = NodeRecord.load(node_dir)
         if old is not None and old.name not in wanted:
