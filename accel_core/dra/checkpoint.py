@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel_core.atomic import atomic_write_text
+from accel_core.atomic import atomic_write_text, clean_stale_temp_files
 
 CHECKPOINT_VERSION = "v1"
 
@@ -41,6 +41,8 @@ class CheckpointFile:
         self.path = Path(path)
 
     def load(self) -> Checkpoint:
+        """Read the checkpoint (done once at start; it also removes temp files a killed writer left beside it)."""
+        clean_stale_temp_files(self.path.parent)
         try:
             raw = self.path.read_text()
         except FileNotFoundError:
