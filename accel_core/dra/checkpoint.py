@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.atomic import atomic_write_text, clean_stale_temp_files
+from accel_core.hostfiles import HostValueError, read_label
 
 CHECKPOINT_VERSION = "v1"
 
@@ -75,6 +76,6 @@ class CheckpointFile:
 def read_boot_id(host_root: Path) -> str:
     """The kernel's boot ID under the host root, or "" when it cannot be read."""
     try:
-        return (Path(host_root) / "proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
+        return read_label(str(Path(host_root) / "proc/sys/kernel/random/boot_id"), "/proc/sys/kernel/random/boot_id")
+    except HostValueError:
         return ""
