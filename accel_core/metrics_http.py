@@ -171,7 +171,7 @@ class MetricsServer:
             return
         try:
             timeout = self.request_timeout
-            while True:
+            while conn in self._conns:  # an evicted connection is done
                 conn.idle = True
                 self._conns.move_to_end(conn)
                 try:
