@@ -1,33 +1,212 @@
-"""Flags every daemon shares: paths, logging, metrics."""
+"""The command-line layer every daemon shares: flags that fall back to environment variables, strict value types,
+paths, logging and metrics flags.
+
+An option made with :meth:`EnvArgumentParser.add_env_argument` takes its default from an environment variable. The
+variable is converted with the option's own type when the parser runs (before ``--help`` too), and a bad value
+ends the program with one line naming the variable, e.g.::
+
+    efa-device-plugin serve: error: environment variable METRICS_PORT: expected a port number (0..65535), got 'abc'
+
+A flag given on the command line wins and its variable is not looked at. An empty variable counts as unset (the
+way a chart renders an optional value). Numbers accept ASCII digits only (see :mod:`accel_core.hostfiles`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import math
 import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import disable_created_metrics
 
+from accel_core.hostfiles import HostValueError, describe, parse_int
 from accel_core.logs import kv, setup_logging
 from accel_core.paths import HostPaths, add_path_flags, resolve_paths
 
 log = logging.getLogger(__name__)
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("kv", "json")
+#: where metrics listen when nothing says otherwise: only this node can scrape (the charts pass the pod IP)
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
-def add_common_flags(parser: argparse.ArgumentParser, *, metrics_port: int) -> None:
-    """Paths (see accel_core.paths), --log-level, --log-format, --metrics-port (env METRICS_PORT; 0 disables)."""
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}", re.ASCII)
+
+
+# ------------------------------------------------------------------------------------------------ value types
+# Each raises argparse.ArgumentTypeError with the reason; argparse prints it for a flag, the parser for a variable.
+
+
+def _integer(text: str, low: int, high: int, what: str) -> int:
+    try:
+        return parse_int(text, what, minimum=low, maximum=high)
+    except HostValueError:
+        raise argparse.ArgumentTypeError(f"expected {what} ({low}..{high}), got {describe(text)}") from None
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 meaning "off" (or "any free port" where the option says so)."""
+    return _integer(text, 0, 65535, "a port number")
+
+
+def port_or_disabled(text: str) -> int:
+    """A TCP port, -1 for disabled, 0 for any free port."""
+    return _integer(text, -1, 65535, "a port number or -1 for off")
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds such as ``0.5`` (ASCII digits and one optional dot)."""
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {describe(text)}")
+    return value
+
+
+def seconds_or_zero(text: str) -> float:
+    """Like :func:`seconds` but 0 is allowed (it means "off" where the option says so)."""
+    return _seconds(text)
+
+
+def _seconds(text: str) -> float:
+    body = text.strip()
+    if not _SECONDS.fullmatch(body):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds such as 0.5, got {describe(text)}")
+    value = float(body)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {describe(text)}")
+    return value
+
+
+def ip_address(text: str) -> str:
+    """A literal IPv4 or IPv6 address to listen on (``0.0.0.0`` and ``::`` mean every address)."""
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address such as 127.0.0.1, got {describe(text)}") from None
+
+
+def node_name(text: str) -> str:
+    """A Kubernetes Node name (a DNS subdomain of at most 253 characters)."""
+    if len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected a node name (lower-case DNS subdomain), got {describe(text)}")
+    return text
+
+
+def uid(text: str) -> str:
+    """A Kubernetes object UID (letters, digits and dashes, at most 64 characters): safe in a file name."""
+    if not _UID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected a UID (letters, digits, '-'), got {describe(text)}")
+    return text
+
+
+def choice(*values: str, upper: bool = False) -> Callable[[str], str]:
+    """One of ``values`` (compared upper-cased when ``upper``)."""
+
+    def convert(text: str) -> str:
+        value = text.upper() if upper else text
+        if value not in values:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(values)}, got {describe(text)}")
+        return value
+
+    convert.__name__ = "choice"
+    return convert
+
+
+# ------------------------------------------------------------------------------------------------ the parser
+
+
+@dataclass(frozen=True)
+class _EnvOption:
+    flags: tuple[str, ...]
+    dest: str
+    env: str
+    convert: Callable[[str], Any]
+    default: Any
+
+
+class EnvArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose options may default to environment variables, checked strictly (module docstring).
+
+    Abbreviated long options are off, so ``--metrics-p 1`` cannot silently mean ``--metrics-port``.
+    Sub-parsers made with ``add_subparsers`` are of this class too.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._env_options: list[_EnvOption] = []
+
+    def add_env_argument(self, *flags: str, env: str, type: Callable[[str], Any] = str,
+                         default: Any = None, help: str | None = None, **kwargs: Any) -> argparse.Action:
+        """``add_argument(*flags, type=type, default=default)`` whose default comes from ``env`` when it is set."""
+        action = self.add_argument(*flags, type=type, default=default, help=help, **kwargs)
+        self._env_options.append(_EnvOption(tuple(flags), action.dest, env, type, default))
+        return action
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        tokens = list(sys.argv[1:] if args is None else args)
+        self._apply_environment(tokens)
+        return super().parse_known_args(tokens, namespace)
+
+    def _apply_environment(self, tokens: list[str]) -> None:
+        for option in self._env_options:
+            self.set_defaults(**{option.dest: option.default})  # a parser may be used again with another env
+            if any(tok == flag or tok.startswith(flag + "=") for flag in option.flags for tok in tokens):
+                continue  # the flag wins over the variable
+            raw = os.environ.get(option.env, "")
+            if raw == "":
+                continue
+            try:
+                value = option.convert(raw)
+            except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+                self.exit(2, f"{self.prog}: error: environment variable {option.env}: {exc}\n")
+            self.set_defaults(**{option.dest: value})
+
+
+def add_logging_flags(parser: EnvArgumentParser, *, level: str = "INFO") -> None:
+    """--log-level (env LOG_LEVEL) and --log-format (env LOG_FORMAT)."""
+    parser.add_env_argument("--log-level", env="LOG_LEVEL", type=choice(*LOG_LEVELS, upper=True), default=level,
+                            help=f"{', '.join(LOG_LEVELS)} (env LOG_LEVEL; default {level})")
+    parser.add_env_argument("--log-format", env="LOG_FORMAT", type=choice(*LOG_FORMATS), default="kv",
+                            help="kv (key=value lines) or json (env LOG_FORMAT; default kv)")
+
+
+def add_common_flags(parser: EnvArgumentParser, *, metrics_port: int | None = None) -> None:
+    """Paths (see accel_core.paths), logging flags and, when ``metrics_port`` is given, --metrics-port (env
+    METRICS_PORT; 0 disables) and --metrics-address (env METRICS_ADDRESS; default loopback)."""
     add_path_flags(parser)
-    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
-    parser.add_argument("--log-format", default=os.environ.get("LOG_FORMAT", "kv"), choices=["kv", "json"])
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", metrics_port)),
-                        help=f"Prometheus /metrics port (env METRICS_PORT; default {metrics_port}; 0 disables)")
-    parser.add_argument("--metrics-address", default=os.environ.get("METRICS_ADDRESS", "0.0.0.0"))
+    add_logging_flags(parser)
+    if metrics_port is not None:
+        parser.add_env_argument("--metrics-port", env="METRICS_PORT", type=port, default=metrics_port,
+                                help=f"Prometheus /metrics port (env METRICS_PORT; default {metrics_port}; "
+                                     "0 disables)")
+        parser.add_env_argument("--metrics-address", env="METRICS_ADDRESS", type=ip_address,
+                                default=DEFAULT_METRICS_ADDRESS,
+                                help="IP address the metrics server listens on (env METRICS_ADDRESS; default "
+                                     f"{DEFAULT_METRICS_ADDRESS}: this node only; the charts pass the pod IP)")
+
+
+def safe_stdout() -> None:
+    """Print what cannot be encoded as escapes instead of failing (a host file name may hold any bytes)."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
 
 
 def setup_from_args(args: argparse.Namespace, *, serving: bool = True) -> HostPaths:
     """Configure logging and resolve paths from parsed common flags (``serving=False`` for read-only commands)."""
     setup_logging(args.log_level, args.log_format)
+    safe_stdout()
     disable_created_metrics()  # no *_created series: they double every counter for no operator value
     paths = resolve_paths(args)
     check_roots(paths, kubelet=serving)

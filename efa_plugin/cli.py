@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
-from accel_core.cli import add_common_flags, setup_from_args
+from accel_core.cli import EnvArgumentParser, add_common_flags, seconds, setup_from_args
 from accel_core.daemon import run_daemon
 from accel_core.deviceplugin import DevicePluginServer
 from accel_core.deviceplugin.runner import serve_device_plugins
@@ -39,26 +39,18 @@ UDEV_SUBSYSTEMS = ("infiniband", "infiniband_verbs")
 DEFAULT_RESCAN_S = 0.5
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=DAEMON_NAME, description="Kubernetes device plugin for AWS EFA "
-                                     f"({RESOURCE_NAME}).")
+def build_parser() -> EnvArgumentParser:
+    parser = EnvArgumentParser(prog=DAEMON_NAME, description="Kubernetes device plugin for AWS EFA "
+                               f"({RESOURCE_NAME}).")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the device plugin")
     add_common_flags(serve, metrics_port=METRICS_PORT)
-    serve.add_argument("--rescan-interval", type=_positive_float,
-                       default=float(os.environ.get("EFA_RESCAN_INTERVAL", str(DEFAULT_RESCAN_S))),
-                       help="seconds between full host rescans; port state has no change event on real sysfs, so "
-                            "this bounds how fast a port going DOWN is seen (env EFA_RESCAN_INTERVAL; "
-                            f"default {DEFAULT_RESCAN_S})")
+    serve.add_env_argument("--rescan-interval", env="EFA_RESCAN_INTERVAL", type=seconds, default=DEFAULT_RESCAN_S,
+                           help="seconds between full host rescans; port state has no change event on real sysfs, "
+                                "so this bounds how fast a port going DOWN is seen (env EFA_RESCAN_INTERVAL; "
+                                f"default {DEFAULT_RESCAN_S})")
     ls = sub.add_parser("ls", help="print the EFA devices of this host and exit")
-    add_common_flags(ls, metrics_port=METRICS_PORT)
+    add_common_flags(ls)
     ls.add_argument("--output", "-o", choices=("table", "json"), default="table")
     return parser
 

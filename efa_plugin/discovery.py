@@ -21,6 +21,17 @@ from functools import cached_property
 from pathlib import Path
 
 from accel_core.health import Problem, ProblemKind
+from accel_core.hostfiles import (
+    HostValueError,
+    is_missing,
+    parse_index,
+    parse_int,
+    printable,
+    read_attr,
+    read_hex,
+    read_int,
+    read_label,
+)
 from accel_core.hostinfo import pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from efa_plugin.neuron_map import neuron_table
@@ -35,9 +46,12 @@ CLASS_IB = "/sys/class/infiniband"
 DEV_IB = "/dev/infiniband"
 PCI_DEVICES = "/sys/bus/pci/devices"
 
-_UVERBS_RE = re.compile(r"^uverbs(\d+)$")
-_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_DEV_RE = re.compile(r"^(\d+):(\d+)$")
+MAX_PORT = 255  #: port numbers are u8 in the kernel
+MAX_NUMA_NODE = 4095
+MAX_MAJOR = 4095  #: 12-bit major, 20-bit minor (MINORBITS)
+MAX_MINOR = 2**20 - 1
+
+_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -119,30 +133,19 @@ class EfaInventory:
 # ------------------------------------------------------------------------------------------------ small readers
 
 
-def read_attr(path: str) -> str:
-    """Stripped text of a sysfs attribute; raises OSError/UnicodeError for the caller to turn into a problem."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    return data.decode("utf-8").strip()
 
-
-def _read_or_none(path: str) -> str | None:
+def _label_or_none(path: str) -> str | None:
+    """A short printable value (it may become a ResourceSlice attribute), or None when absent or not one."""
     try:
-        return read_attr(path)
-    except (OSError, UnicodeError):
+        return read_label(path)
+    except HostValueError:
         return None
 
 
 def _hex_or_none(path: str) -> int | None:
-    text = _read_or_none(path)
-    if text is None:
-        return None
     try:
-        return int(text, 16)
-    except ValueError:
+        return read_hex(path)
+    except HostValueError:
         return None
 
 
@@ -153,16 +156,17 @@ def discover(paths: HostPaths) -> EfaInventory:
     """Walk ``infiniband_verbs`` under the host root and return the EFA inventory (never raises for host files)."""
     instance_type = read_instance_type(paths)
     try:
-        entries = [e for e in os.listdir(paths.host(CLASS_VERBS)) if _UVERBS_RE.match(e)]
+        entries = {e: n for e in os.listdir(paths.host(CLASS_VERBS))
+                   if (n := parse_index(e, "uverbs")) is not None}
     except FileNotFoundError:  # no RDMA device at all (c5, EFA not attached)
-        entries = []
+        entries = {}
     except OSError as exc:
         return EfaInventory(skipped=(f"{CLASS_VERBS}: cannot list ({_why(exc)})",), instance_type=instance_type)
     context = _Context(paths, instance_type)
     devices: dict[str, EfaDevice] = {}
     ignored: list[IgnoredRdma] = []
     skipped: list[str] = []
-    for uverbs in sorted(entries, key=lambda e: int(e[6:])):
+    for uverbs in sorted(entries, key=entries.__getitem__):
         result = context.read_uverbs(uverbs)
         if isinstance(result, IgnoredRdma):
             ignored.append(result)
@@ -193,10 +197,11 @@ class _Context:
         shown = f"{CLASS_VERBS}/{uverbs}"
         verbs_path = self.root + shown
         try:
-            ibdev = read_attr(f"{verbs_path}/ibdev")
-        except (OSError, UnicodeError) as exc:
-            return f"{shown}/ibdev: unreadable ({_why(exc)}); entry skipped"
-        if not ibdev or "/" in ibdev or ibdev in (".", ".."):
+            ibdev = read_attr(f"{verbs_path}/ibdev", f"{shown}/ibdev")
+        except HostValueError as exc:
+            return f"{exc}; entry skipped"
+        if not ibdev or len(ibdev) > MAX_ID_LENGTH or not ibdev.isascii() or not ibdev.isprintable() \
+                or "/" in ibdev or ibdev in (".", ".."):
             return f"{shown}/ibdev: invalid RDMA device name {ibdev!r}; entry skipped"
         class_link = f"{self.root}{CLASS_IB}/{ibdev}"
         ib_dir = _resolve(class_link)
@@ -207,7 +212,7 @@ class _Context:
         if pci_dir is None or not os.path.isdir(pci_dir):
             state = "a dangling link" if os.path.islink(f"{ib_dir}/device") else "missing"
             return f"{CLASS_IB}/{ibdev}/device: {state}; cannot find the PCI function; entry skipped"
-        pci_address = os.path.basename(pci_dir)
+        pci_address = printable(os.path.basename(pci_dir))
         reason = _not_efa_reason(pci_dir)
         if reason is not None:
             return IgnoredRdma(ibdev, uverbs, pci_address, reason)
@@ -228,27 +233,23 @@ class _Context:
     def _efa(self, uverbs: str, verbs_path: str, ibdev: str, ib_dir: str, pci_dir: str,
              root: str | None) -> EfaDevice:
         problems: list[str] = []
-        pci_address = os.path.basename(pci_dir)
+        pci_address = printable(os.path.basename(pci_dir))
         device_id = pci_address if _BDF_RE.match(pci_address) else ibdev
         device_id = device_id[:MAX_ID_LENGTH]
 
         numa_node: int | None = None
         numa_file = f"{pci_dir}/numa_node"
-        numa_text = _read_or_none(numa_file)
-        if numa_text is not None:
-            try:
-                numa_node = int(numa_text)
-            except ValueError:
-                problems.append(Problem(f"{self._shown(numa_file)}: not a number ({numa_text[:40]!r})",
-                                        ProblemKind.BAD_HOST_FILE))
-            else:
-                if numa_node < 0:
-                    numa_node = None
+        try:
+            numa_node = read_int(numa_file, self._shown(numa_file), minimum=-1, maximum=MAX_NUMA_NODE)
+        except HostValueError as exc:
+            if not is_missing(exc):
+                problems.append(Problem(str(exc), ProblemKind.BAD_HOST_FILE))
+        if numa_node is not None and numa_node < 0:
+            numa_node = None
 
-        major = minor = None
-        match = _DEV_RE.match(_read_or_none(f"{verbs_path}/dev") or "")
-        if match:
-            major, minor = int(match.group(1)), int(match.group(2))
+        major, minor, dev_problem = _major_minor(f"{verbs_path}/dev", f"{CLASS_VERBS}/{uverbs}/dev")
+        if dev_problem:
+            problems.append(dev_problem)
 
         device_node = f"{DEV_IB}/{uverbs}"
         problem = _device_node_problem(self.root + device_node, device_node, major, minor)
@@ -272,13 +273,13 @@ class _Context:
             near_gpus=tuple(self._gpus_on(root)) if root else (),
             near_neurons=self.neurons.get(pci_address, ()),
             problems=tuple(problems),
-            link_layer=_read_or_none(f"{ib_dir}/ports/{port_states[0][0]}/link_layer") if port_states else None,
-            firmware_version=_read_or_none(f"{ib_dir}/fw_ver") or None,
+            link_layer=_label_or_none(f"{ib_dir}/ports/{port_states[0][0]}/link_layer") if port_states else None,
+            firmware_version=_label_or_none(f"{ib_dir}/fw_ver") or None,
         )
 
     def _shown(self, path: str) -> str:
         """The node's own path (``/sys/...``) for a path under the host root."""
-        return path[len(self.root):] if self.root and path.startswith(self.root + "/") else path
+        return printable(path[len(self.root):] if self.root and path.startswith(self.root + "/") else path)
 
     def _gpus_on(self, root: str) -> list[str]:
         if self._gpus_by_root is None:
@@ -327,7 +328,7 @@ def _why(exc: BaseException) -> str:
 def _not_efa_reason(pci_dir: str) -> str | None:
     """None for an EFA; otherwise a short reason (driver and IDs) for listing it as ignored."""
     try:
-        driver: str | None = os.path.basename(os.readlink(f"{pci_dir}/driver"))
+        driver: str | None = printable(os.path.basename(os.readlink(f"{pci_dir}/driver")))
     except OSError:
         driver = None
     if driver == "efa":
@@ -338,6 +339,22 @@ def _not_efa_reason(pci_dir: str) -> str | None:
         return None
     ids = f"{vendor:#06x}:{device:#06x}" if vendor is not None and device is not None else "unknown IDs"
     return f"not an EFA (driver {driver or 'none'}, PCI {ids})"
+
+
+def _major_minor(path: str, shown: str) -> tuple[int | None, int | None, Problem | None]:
+    """(major, minor, problem) from a ``dev`` attribute (``231:192``); a missing file is no problem."""
+    try:
+        text = read_attr(path, shown)
+    except HostValueError as exc:
+        return None, None, None if is_missing(exc) else Problem(str(exc), ProblemKind.BAD_HOST_FILE)
+    major_text, sep, minor_text = text.partition(":")
+    try:
+        if not sep:
+            raise HostValueError(f"{shown}: expected major:minor, got {text[:40]!r}")
+        return (parse_int(major_text, f"{shown} (major)", maximum=MAX_MAJOR),
+                parse_int(minor_text, f"{shown} (minor)", maximum=MAX_MINOR), None)
+    except HostValueError as exc:
+        return None, None, Problem(str(exc), ProblemKind.BAD_HOST_FILE)
 
 
 def _device_node_problem(host_path: str, node: str, major: int | None, minor: int | None) -> Problem | None:
@@ -359,7 +376,7 @@ def _ports(ib_dir: str, ibdev: str) -> tuple[tuple[tuple[int, str], ...], list[s
     """Every port's logical state; a port that is not ACTIVE or unreadable is a problem."""
     shown = f"{CLASS_IB}/{ibdev}/ports"
     try:
-        ports = sorted(int(p) for p in os.listdir(f"{ib_dir}/ports") if p.isdigit())
+        ports = sorted(n for p in os.listdir(f"{ib_dir}/ports") if (n := parse_index(p, maximum=MAX_PORT)) is not None)
     except OSError as exc:
         return (), [Problem(f"{shown}: cannot list ports ({_why(exc)})", ProblemKind.BAD_HOST_FILE)]
     if not ports:
@@ -367,9 +384,14 @@ def _ports(ib_dir: str, ibdev: str) -> tuple[tuple[tuple[int, str], ...], list[s
     states: list[tuple[int, str]] = []
     problems: list[str] = []
     for port in ports:
-        text = _read_or_none(f"{ib_dir}/ports/{port}/state")
-        if text is None:
-            problems.append(Problem(f"{shown}/{port}/state: unreadable", ProblemKind.BAD_HOST_FILE))
+        try:
+            text = read_attr(f"{ib_dir}/ports/{port}/state", f"{shown}/{port}/state")
+        except HostValueError as exc:
+            problems.append(Problem(str(exc), ProblemKind.BAD_HOST_FILE))
+            continue
+        if not text.isprintable() or len(text) > 64:
+            problems.append(Problem(f"{shown}/{port}/state: not a port state ({text[:40]!r})",
+                                    ProblemKind.BAD_HOST_FILE))
             continue
         state = text.split(":", 1)[-1].strip() or text  # "4: ACTIVE" -> "ACTIVE"
         states.append((port, state))

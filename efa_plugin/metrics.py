@@ -28,11 +28,12 @@ from pathlib import Path
 import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from accel_core.hostfiles import HostValueError, parse_index, parse_int, printable, read_attr
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
 from accel_core.podresources import devices_in_use
-from efa_plugin.discovery import EfaDevice, read_attr
+from efa_plugin.discovery import MAX_PORT, EfaDevice
 from efa_plugin.policy import EfaPolicy
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ BASE_LABELS = ("device", "pci_address", "numa_node")
 PORT_LABELS = (*BASE_LABELS, "port")
 NOT_COUNTERS = frozenset({"lifespan"})
 _SILENT_ERRNOS = frozenset({errno.ENOENT, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENODEV})
-_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+_COUNTER_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,63}", re.ASCII)
 _MAX_LOGGED_PATHS = 1024
 
 
@@ -146,15 +147,18 @@ class EfaMetrics:
             return  # no counters at this scope (older drivers keep them all under the port)
         for name in names:
             path = f"{directory}/{name}"
+            if not _COUNTER_NAME_RE.fullmatch(name):  # two spellings of one name would make a duplicate series
+                self._fail(path, dev.ibdev, "not a counter name")
+                continue
             text = self._read(path, device=dev.ibdev)
             if text is None:
                 continue
             try:
-                value = int(text)
-            except ValueError:
-                self._fail(path, dev.ibdev, f"not an integer ({text[:40]!r})")
+                value = parse_int(text, path)
+            except HostValueError as exc:
+                self._fail(path, dev.ibdev, str(exc).removeprefix(f"{path}: "))
                 continue
-            metric = prefix + _NAME_RE.sub("_", name)
+            metric = prefix + name
             family = families.get(metric)
             if family is None:
                 scope = "device" if prefix == "efa_device_" else "port"
@@ -166,18 +170,16 @@ class EfaMetrics:
         """A small sysfs file's text; None (logged once per path when unexpected) if it cannot be read."""
         try:
             return read_attr(path)
-        except OSError as exc:
-            if exc.errno not in _SILENT_ERRNOS and device is not None:
-                self._fail(path, device, exc.strerror or str(exc))
-            return None
-        except UnicodeError:
-            if device is not None:
-                self._fail(path, device, "not text")
+        except HostValueError as exc:
+            cause = exc.__cause__
+            silent = isinstance(cause, OSError) and cause.errno in _SILENT_ERRNOS
+            if not silent and device is not None:
+                self._fail(path, device, str(exc).removeprefix(f"{path}: "))
             return None
 
     def _fail(self, path: str, device: str, why: str) -> None:
         self._read_errors[device] = self._read_errors.get(device, 0) + 1
-        key = path
+        key = printable(path)
         if key not in self._logged and len(self._logged) < _MAX_LOGGED_PATHS:
             self._logged.add(key)
             log.warning("EFA counter unreadable; skipped in metrics", extra=kv(device=device, path=key, error=why))
@@ -189,6 +191,7 @@ def labels_for(prefix: str) -> tuple[str, ...]:
 
 def _ports(ib_dir: str) -> list[str]:
     try:
-        return sorted((p for p in os.listdir(f"{ib_dir}/ports") if p.isdigit()), key=int)
+        numbered = {p: n for p in os.listdir(f"{ib_dir}/ports") if (n := parse_index(p, maximum=MAX_PORT)) is not None}
     except OSError:
         return []
+    return sorted(numbered, key=numbered.__getitem__)

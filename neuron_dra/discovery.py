@@ -29,6 +29,16 @@ from pathlib import Path
 
 from accel_core.awsfacts import neuron as neuron_facts
 from accel_core.health import Problem, ProblemKind
+from accel_core.hostfiles import (
+    HostValueError,
+    describe,
+    is_missing,
+    parse_index,
+    parse_int,
+    printable,
+    read_attr_bytes,
+    read_label,
+)
 from accel_core.hostinfo import DMI_PRODUCT_NAMES, pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from neuron_dra.instances import ExpectedLayout, expected_layout
@@ -41,10 +51,18 @@ DRIVER_VERSION_FILE = "/sys/module/neuron/version"
 PCI_DEVICES_DIR = "/sys/bus/pci/devices"
 NEURON_PCI_VENDOR = "0x1d0f"
 MAX_CORES_PER_DEVICE = 8
+MAX_DEVICES = 1024
+"""No instance has more; a larger index in a name or in ``connected_devices`` is garbage."""
+MAX_NUMA_NODE = 4095
+CONFIG_FILE_LIMIT = 64 * 1024
+"""``/opt/aws/neuron/logical_nc_config`` is a small env file; sysfs attributes stay within one page."""
 UNCORRECTED_COUNTERS = ("mem_ecc_uncorrected", "sram_ecc_uncorrected")
 """Hardware counters whose rise makes a device unhealthy (``mem_ecc_repairable_uncorrected`` is only reported)."""
 
-_NAME_RE = re.compile(r"^neuron(\d+)$")
+
+def _device_number(name: str) -> int | None:
+    """``neuron3`` -> 3 (ASCII digits only); None for any other entry."""
+    return parse_index(name, "neuron", maximum=MAX_DEVICES - 1)
 
 
 @dataclass(frozen=True)
@@ -132,26 +150,39 @@ class _Reader:
     def exists(self, host_path: str) -> bool:
         return os.path.exists(self.real(host_path))
 
-    def text(self, host_path: str, problems: list[str], *, required: bool = True) -> str | None:
+    def text(self, host_path: str, problems: list[str], *, required: bool = True,
+             limit: int | None = None) -> str | None:
+        """The UTF-8 text of a small regular file (never a FIFO, a directory or more than a page)."""
         try:
-            with open(self.real(host_path), encoding="utf-8") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            if required:
-                problems.append(f"{host_path}: missing")
-            return None
-        except (OSError, UnicodeDecodeError) as exc:
-            problems.append(f"{host_path}: unreadable ({exc.__class__.__name__}: {exc})")
+            data = read_attr_bytes(str(self.real(host_path)), printable(host_path),
+                                   **({"limit": limit} if limit else {}))
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            problems.append(f"{printable(host_path)}: unreadable (not UTF-8 text)")
+        except HostValueError as exc:
+            if required or not is_missing(exc):
+                problems.append(str(exc))
+        return None
+
+    def label(self, host_path: str, problems: list[str]) -> str | None:
+        """A short printable value (version, device name); absent files are not a problem."""
+        try:
+            return read_label(str(self.real(host_path)), printable(host_path)) or None
+        except HostValueError as exc:
+            if not is_missing(exc):
+                problems.append(str(exc))
             return None
 
-    def int_value(self, host_path: str, problems: list[str], *, required: bool = True) -> int | None:
+    def int_value(self, host_path: str, problems: list[str], *, required: bool = True, minimum: int = 0,
+                  maximum: int | None = None) -> int | None:
         text = self.text(host_path, problems, required=required)
         if text is None:
             return None
         try:
-            return int(text.strip())
-        except ValueError:
-            problems.append(f"{host_path}: expected an integer, got {_show(text)}")
+            return parse_int(text, printable(host_path), minimum=minimum,
+                             **({"maximum": maximum} if maximum is not None else {}))
+        except HostValueError as exc:
+            problems.append(str(exc))
             return None
 
     def listdir(self, host_path: str) -> list[str]:
@@ -162,8 +193,7 @@ class _Reader:
 
 
 def _show(text: str, limit: int = 40) -> str:
-    text = text.strip()
-    return repr(text if len(text) <= limit else text[:limit] + "...")
+    return describe(text.strip(), limit)
 
 
 def parse_connected(text: str) -> tuple[int, ...]:
@@ -171,13 +201,13 @@ def parse_connected(text: str) -> tuple[int, ...]:
     body = text.strip()
     if not body:
         return ()
-    parts = [p for p in re.split(r"[,\s]+", body) if p]
-    if not all(p.isdigit() for p in parts):
-        raise ValueError(f"expected comma-separated device indices, got {_show(text)}")
-    values = tuple(int(p) for p in parts)
+    parts = [p for p in re.split(r"[, \t\n]+", body) if p]
+    values = tuple(parse_index(p, maximum=MAX_DEVICES - 1) for p in parts)
+    if any(v is None for v in values):
+        raise ValueError(f"expected comma-separated device indices below {MAX_DEVICES}, got {_show(text)}")
     if len(set(values)) != len(values):
         raise ValueError(f"device indices repeat in {_show(text)}")
-    return values
+    return tuple(v for v in values if v is not None)
 
 
 def parse_lnc(text: str) -> int:
@@ -207,7 +237,7 @@ def parse_lnc(text: str) -> int:
 
 
 def _instance_type(paths: HostPaths, problems: list[str]) -> str:
-    found = read_instance_type(paths)
+    found = read_instance_type(paths, problems)
     if found is None:
         problems.append(f"{DMI_PRODUCT_NAMES[0]}: missing or empty; instance type unknown, no catalog fallback")
     return found or ""
@@ -215,14 +245,10 @@ def _instance_type(paths: HostPaths, problems: list[str]) -> str:
 
 def _device_indices(reader: _Reader, expected: ExpectedLayout | None, known: Iterable[int]) -> list[int]:
     found: set[int] = set(known)
-    for name in reader.listdir(CLASS_DIR):
-        m = _NAME_RE.match(name)
-        if m:
-            found.add(int(m.group(1)))
-    for name in reader.listdir("/dev"):
-        m = _NAME_RE.match(name)
-        if m:
-            found.add(int(m.group(1)))
+    for name in [*reader.listdir(CLASS_DIR), *reader.listdir("/dev")]:
+        number = _device_number(name)
+        if number is not None:
+            found.add(number)
     if expected is not None:
         found.update(range(expected.device_count))
     return sorted(found)
@@ -231,8 +257,8 @@ def _device_indices(reader: _Reader, expected: ExpectedLayout | None, known: Ite
 def _arch_of(reader: _Reader, base: str, expected: ExpectedLayout | None, instance_type: str) -> tuple[str, str]:
     """(arch, device_name) from the device's architecture files, then the catalog, then the instance type."""
     quiet: list[str] = []
-    itype = (reader.text(f"{base}/info/architecture/instance_type", quiet, required=False) or "").strip().lower()
-    name = (reader.text(f"{base}/info/architecture/device_name", quiet, required=False) or "").strip()
+    itype = (reader.label(f"{base}/info/architecture/instance_type", quiet) or "").lower()
+    name = reader.label(f"{base}/info/architecture/device_name", quiet) or ""
     arch = (itype if itype in neuron_facts.ARCHES else None) or neuron_facts.arch_from_device_name(name)
     if arch is None and expected is not None and expected.arch:
         arch = expected.arch
@@ -251,11 +277,11 @@ def _core_count(reader: _Reader, base: str, present: bool, problems: list[str]) 
     text = reader.text(path, problems)
     if text is None:
         return None
-    body = text.strip()
-    if not body.isdigit():
+    try:
+        value = parse_int(text, path)
+    except HostValueError:
         problems.append(f"{path}: expected a number of NeuronCores, got {_show(text)}")
         return None
-    value = int(body)
     if not 1 <= value <= MAX_CORES_PER_DEVICE:
         problems.append(f"{path}: {value} NeuronCores is outside 1..{MAX_CORES_PER_DEVICE}")
         return None
@@ -271,7 +297,7 @@ def _uncorrected(reader: _Reader, base: str, present: bool, problems: list[str])
         if os.path.isdir(reader.real(path)):
             path = f"{path}/total"
         value = reader.int_value(path, problems, required=False)
-        if value is not None and value >= 0:
+        if value is not None:
             total += value
     return total
 
@@ -286,7 +312,7 @@ def _pci(reader: _Reader, index: int, expected: ExpectedLayout | None) -> tuple[
     vendor = (reader.text(f"{base}/vendor", quiet, required=False) or "").strip().lower()
     if vendor != NEURON_PCI_VENDOR:
         return None, None, None
-    numa = reader.int_value(f"{base}/numa_node", quiet, required=False)
+    numa = reader.int_value(f"{base}/numa_node", quiet, required=False, minimum=-1, maximum=MAX_NUMA_NODE)
     root = pcie_root(reader.paths, os.path.realpath(reader.real(base)))
     return bdf, (numa if numa is not None and numa >= 0 else None), root
 
@@ -294,7 +320,7 @@ def _pci(reader: _Reader, index: int, expected: ExpectedLayout | None) -> tuple[
 def _read_lnc(reader: _Reader, applies: bool, problems: list[str]) -> int | None:
     if not applies:
         return None
-    text = reader.text(LNC_FILE, problems, required=False)
+    text = reader.text(LNC_FILE, problems, required=False, limit=CONFIG_FILE_LIMIT)
     if text is None:
         return neuron_facts.DEFAULT_LNC
     try:
@@ -377,10 +403,11 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
     arch = Counter(d.arch for d in devices).most_common(1)[0][0] if devices else (expected.arch if expected else "")
     applies = arch in neuron_facts.LNC_ARCHES
     lnc = _read_lnc(reader, applies, problems)
-    driver = reader.text(DRIVER_VERSION_FILE, [], required=False)
-    driver_version = driver.strip() if driver and driver.strip() else None
+    version_problems: list[str] = []
+    driver_version = reader.label(DRIVER_VERSION_FILE, version_problems)
     if devices and driver_version is None:
-        problems.append(f"{DRIVER_VERSION_FILE}: missing; Neuron driver version unknown")
+        problems.extend(f"{p}; Neuron driver version unknown" for p in version_problems or
+                        [f"{DRIVER_VERSION_FILE}: missing"])
     return NeuronInventory(instance_type, tuple(devices), lnc, applies, driver_version, topology, tuple(problems))
 
 
@@ -391,7 +418,7 @@ def refresh_state(paths: HostPaths, inventory: NeuronInventory) -> NeuronInvento
     (then a full :func:`discover` is needed to explain it).
     """
     reader = _Reader(paths)
-    names = {n for n in reader.listdir(CLASS_DIR) if _NAME_RE.match(n)}
+    names = {n for n in reader.listdir(CLASS_DIR) if _device_number(n) is not None}
     known = {f"neuron{d.index}" for d in inventory.devices}
     if not names <= known:
         return None

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel_core.atomic import atomic_write_text
+from accel_core.atomic import atomic_write_text, clean_stale_temp_files
+from accel_core.hostfiles import HostValueError, read_label
 
 CHECKPOINT_VERSION = "v1"
 
@@ -41,6 +42,8 @@ class CheckpointFile:
         self.path = Path(path)
 
     def load(self) -> Checkpoint:
+        """Read the checkpoint (done once at start; it also removes temp files a killed writer left beside it)."""
+        clean_stale_temp_files(self.path.parent)
         try:
             raw = self.path.read_text()
         except FileNotFoundError:
@@ -73,6 +76,6 @@ class CheckpointFile:
 def read_boot_id(host_root: Path) -> str:
     """The kernel's boot ID under the host root, or "" when it cannot be read."""
     try:
-        return (Path(host_root) / "proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
+        return read_label(str(Path(host_root) / "proc/sys/kernel/random/boot_id"), "/proc/sys/kernel/random/boot_id")
+    except HostValueError:
         return ""

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,13 +25,24 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from prometheus_client import CollectorRegistry
 
-from accel_core.cli import add_common_flags, setup_from_args
+from accel_core.cli import (
+    EnvArgumentParser,
+    add_common_flags,
+    add_logging_flags,
+    node_name,
+    port_or_disabled,
+    safe_stdout,
+    seconds,
+    seconds_or_zero,
+    setup_from_args,
+    uid,
+)
 from accel_core.daemon import run_daemon
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.profile import DraProfile, tainted
 from accel_core.dra.service import DEFAULT_HEALTHCHECK_PORT, DraService, dra_driver_version
 from accel_core.dra.slices import SlicePublisher, build_slices
-from accel_core.logs import kv
+from accel_core.logs import kv, setup_logging
 from accel_core.metrics import serve_metrics
 from accel_core.paths import ENV_NODE_NAME, ENV_POD_UID, add_path_flags, resolve_paths
 
@@ -48,21 +58,21 @@ class DriverCli:
     metrics_port: int
     profile: Callable[[], DraProfile[Any, Any]]
 
-    def parser(self) -> argparse.ArgumentParser:
-        parser = argparse.ArgumentParser(prog=self.prog, description=self.description)
+    def parser(self) -> EnvArgumentParser:
+        parser = EnvArgumentParser(prog=self.prog, description=self.description)
         sub = parser.add_subparsers(dest="command", required=True)
 
         serve = sub.add_parser("serve", help="run the DRA driver")
         add_common_flags(serve, metrics_port=self.metrics_port)
         _node_flag(serve)
-        serve.add_argument("--pod-uid", default=os.environ.get(ENV_POD_UID) or None,
-                           help="this pod's UID, for per-pod socket names during rolling updates (env POD_UID)")
-        serve.add_argument("--healthcheck-port", type=int,
-                           default=os.environ.get("HEALTHCHECK_PORT", str(DEFAULT_HEALTHCHECK_PORT)),
-                           help="gRPC liveness port (env HEALTHCHECK_PORT; default 51515; -1 disables, 0 picks one)")
+        serve.add_env_argument("--pod-uid", env=ENV_POD_UID, type=uid, default=None,
+                               help="this pod's UID, for per-pod socket names during rolling updates (env POD_UID)")
+        serve.add_env_argument("--healthcheck-port", env="HEALTHCHECK_PORT", type=port_or_disabled,
+                               default=DEFAULT_HEALTHCHECK_PORT,
+                               help="gRPC liveness port (env HEALTHCHECK_PORT; default 51515; -1 off, 0 picks one)")
         serve.add_argument("--kubeconfig", default=None,
                            help="kubeconfig file (default: KUBECONFIG, then in-cluster)")
-        serve.add_argument("--rescan-interval", type=float, default=10.0,
+        serve.add_argument("--rescan-interval", type=seconds, default=10.0,
                            help="seconds between full host rescans (health counters, /dev nodes); default 10")
         serve.add_argument("--cleanup-interval", type=_non_negative, default=DEFAULT_CLEANUP_INTERVAL,
                            help="seconds between cleanups of stale prepared claims (also run at start); "
@@ -80,8 +90,7 @@ class DriverCli:
         remove = sub.add_parser("remove-slices", help="delete this driver's ResourceSlices for a node")
         _node_flag(remove)
         remove.add_argument("--kubeconfig", default=None)
-        remove.add_argument("--log-level", default="INFO", type=str.upper)
-        remove.add_argument("--log-format", default="kv", choices=["kv", "json"])
+        add_logging_flags(remove)
         return parser
 
     def main(self, argv: Sequence[str] | None = None) -> int:
@@ -100,6 +109,7 @@ class DriverCli:
         return self._serve(args)
 
     def _slices(self, args: argparse.Namespace) -> int:
+        safe_stdout()
         profile = self.profile()
         scan = profile.scan(resolve_paths(args), dra_driver_version())
         devices = tainted(profile.driver_name, scan.devices, scan.health)
@@ -140,7 +150,7 @@ class DriverCli:
         return run_daemon(main, self.prog)
 
     def _remove(self, args: argparse.Namespace) -> int:
-        logging.basicConfig(level=args.log_level)
+        setup_logging(args.log_level, args.log_format)
         driver = self.profile().driver_name
 
         async def main() -> int:
@@ -156,18 +166,14 @@ class DriverCli:
 
 
 def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
+    if text.strip().startswith("-"):
         raise argparse.ArgumentTypeError(f"must be 0 (off) or more seconds, not {text}")
-    return value
+    return seconds_or_zero(text)
 
 
-def _node_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--node-name", default=os.environ.get(ENV_NODE_NAME) or None,
-                        help="this node's name: the pool name (env NODE_NAME)")
+def _node_flag(parser: EnvArgumentParser) -> None:
+    parser.add_env_argument("--node-name", env=ENV_NODE_NAME, type=node_name, default=None,
+                            help="this node's name: the pool name (env NODE_NAME)")
 
 
 def _kube_client(kubeconfig: str | None, field_manager: str) -> AsyncClient:

@@ -10,8 +10,11 @@ line with that and nothing else:
 - nothing is written before the driver hands over its first complete device list, and nothing while what the
   server holds already matches it (checked on start, after every watch event and every change), so an idle node
   causes no writes at all; a change writes every slice of the pool with the pool generation bumped;
-- a failed write or an absent API server is retried with exponential backoff (0.5 s doubling to 30 s); the
-  pool is re-listed afterwards, so a half-written update is finished, never left behind as the newest generation;
+- an API server that cannot be reached (connection refused or reset, 502/503/504 while it starts) is retried every
+  0.5 s (jittered), so slices are back within a second of its return whatever the outage lasted; a dial costs it
+  nothing. An API server that answers with an error is retried with exponential backoff (0.5 s doubling to 30 s),
+  reset by the next successful sync. The pool is re-listed every time, so a half-written update is finished,
+  never left behind as the newest generation;
 - an API server that silently drops fields (device taints behind a disabled feature gate) is detected by
   comparing what it returned with what was sent. Taints then fall back to leaving the tainted devices
   (NoSchedule/NoExecute) out of the slice; other dropped fields are logged once and accepted.
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
+import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.core.exceptions import NotReadyError
 from lightkube.resources.core_v1 import Node
@@ -343,6 +347,7 @@ class SlicePublisher:
         registry: CollectorRegistry | None = None,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        unreachable_retry: float = 0.5,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -350,6 +355,8 @@ class SlicePublisher:
         self.metrics = PublisherMetrics(registry)
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.unreachable_retry = unreachable_retry
+        self._backoff = backoff_initial
         self.writes = 0
         #: None until a write with taints shows whether the API server keeps them.
         self.taints_supported: bool | None = None
@@ -387,8 +394,7 @@ class SlicePublisher:
 
     # -- loop ------------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        """Sync until ``stop`` is set; never raises for API errors (logs them and retries with backoff)."""
-        backoff = self.backoff_initial
+        """Sync until ``stop`` is set; never raises for API errors (logs them and retries, see the module docstring)."""
         while not stop.is_set():
             try:
                 await self._session(stop)
@@ -398,16 +404,26 @@ class SlicePublisher:
             except Exception as exc:
                 self.metrics.errors.labels(self.driver).inc()
                 self._failures += 1
+                delay = self._retry_delay(exc)
                 level = logging.WARNING if self._failures in (1, 5) or self._failures % 50 == 0 else logging.DEBUG
                 log.log(level, "ResourceSlice sync failed; retrying", extra=kv(
-                    driver=self.driver, node=self.node_name, error=_describe(exc), retry_in=round(backoff, 2),
+                    driver=self.driver, node=self.node_name, error=_describe(exc), retry_in=round(delay, 2),
                     failures=self._failures))
-                if self._failures == 1:
-                    backoff = self.backoff_initial
-                delay = 0.05 if _is_conflict(exc) else backoff * (0.8 + 0.4 * random.random())
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
-                backoff = min(backoff * 2, self.backoff_max)
+
+    def _retry_delay(self, exc: BaseException) -> float:
+        """Seconds before the next attempt: quick for a conflict, short and flat while the server cannot be reached
+        (nothing to overload, and it must be noticed soon after it returns), exponential when it answers with an
+        error."""
+        jitter = 0.8 + 0.4 * random.random()
+        if _is_conflict(exc):
+            return 0.05
+        if _is_unreachable(exc):
+            return self.unreachable_retry * jitter
+        delay = self._backoff * jitter
+        self._backoff = min(self._backoff * 2, self.backoff_max)
+        return delay
 
     async def _session(self, stop: asyncio.Event) -> None:
         if self._node_uid is None:
@@ -424,6 +440,7 @@ class SlicePublisher:
         if self._failures:
             log.info("ResourceSlice sync recovered", extra=kv(driver=self.driver, failures=self._failures))
         self._failures = 0
+        self._backoff = self.backoff_initial  # a success resets the backoff
         watch = asyncio.create_task(self._watch(resource_version))
         stopper = asyncio.create_task(stop.wait())
         try:
@@ -558,6 +575,19 @@ def _typed(obj: dict[str, Any]) -> ResourceSlice:
 
 def _is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiError) and exc.status.code == 409
+
+
+#: what a load balancer or an API server that is still starting answers while it cannot serve
+_UNAVAILABLE = frozenset({502, 503, 504})
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    """The API server is not there (refused, reset, timed out, stream cut) or not serving yet."""
+    if isinstance(exc, ApiError):
+        return exc.status.code in _UNAVAILABLE
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return exc.response.status_code in _UNAVAILABLE
+    return isinstance(exc, httpx2.TransportError | ConnectionError | TimeoutError)
 
 
 def _describe(exc: BaseException) -> str:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
-from accel_core.cli import add_common_flags, setup_from_args
+from accel_core.cli import (
+    EnvArgumentParser,
+    add_common_flags,
+    add_logging_flags,
+    choice,
+    safe_stdout,
+    seconds,
+    seconds_or_zero,
+    setup_from_args,
+)
 from accel_core.daemon import run_daemon
 from accel_core.logs import setup_logging
 from accel_core.paths import add_path_flags, resolve_paths
@@ -20,40 +27,35 @@ from neuron_dra.discovery import discover
 METRICS_PORT = 9811
 
 
-def _float_env(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuron-device-plugin",
-                                     description="Kubernetes device plugin for AWS Neuron devices and NeuronCores")
+def build_parser() -> EnvArgumentParser:
+    parser = EnvArgumentParser(prog="neuron-device-plugin",
+                               description="Kubernetes device plugin for AWS Neuron devices and NeuronCores")
     sub = parser.add_subparsers(dest="command", required=True)
     srv = sub.add_parser("serve", help="serve aws.amazon.com/neuron and aws.amazon.com/neuroncore to the kubelet")
     add_common_flags(srv, metrics_port=METRICS_PORT)
-    srv.add_argument("--rescan-interval", type=float, default=_float_env("RESCAN_INTERVAL", 0.5),
-                     help="seconds between host rescans (health counters; env RESCAN_INTERVAL; default 0.5)")
-    srv.add_argument("--pod-resources-interval", type=float, default=_float_env("POD_RESOURCES_INTERVAL", 2.0),
-                     help="seconds between PodResources List calls (env POD_RESOURCES_INTERVAL; default 2)")
-    srv.add_argument("--allocation-grace", type=float, default=_float_env("ALLOCATION_GRACE", 30.0),
-                     help="seconds an Allocate stays in use without PodResources confirming it (default 30)")
-    srv.add_argument("--core-numbering", choices=["container", "host"],
-                     default=os.environ.get("NEURON_CORE_NUMBERING", "container"),
-                     help="NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+, default) or host")
+    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=0.5,
+                         help="seconds between host rescans (health counters; env RESCAN_INTERVAL; default 0.5)")
+    srv.add_env_argument("--pod-resources-interval", env="POD_RESOURCES_INTERVAL", type=seconds, default=2.0,
+                         help="seconds between PodResources List calls (env POD_RESOURCES_INTERVAL; default 2)")
+    srv.add_env_argument("--allocation-grace", env="ALLOCATION_GRACE", type=seconds_or_zero, default=30.0,
+                         help="seconds an Allocate stays in use without PodResources confirming it "
+                              "(env ALLOCATION_GRACE; default 30)")
+    srv.add_env_argument("--core-numbering", env="NEURON_CORE_NUMBERING", type=choice("container", "host"),
+                         default="container",
+                         help="NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+, default) or "
+                              "host (env NEURON_CORE_NUMBERING)")
     ls = sub.add_parser("ls", help="print the Neuron devices and the resource counts the plugin would advertise")
     add_path_flags(ls)
     ls.add_argument("--output", "-o", choices=["table", "json"], default="table")
-    ls.add_argument("--log-level", default="WARNING", type=str.upper,
-                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_logging_flags(ls, level="WARNING")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "ls":
-        setup_logging(args.log_level, "kv")
+        setup_logging(args.log_level, args.log_format)
+        safe_stdout()
         paths = resolve_paths(args)
         inv = discover(paths)
         blocked = guard.blocked_reason(paths)

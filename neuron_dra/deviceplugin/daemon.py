@@ -29,7 +29,7 @@ class ServeOptions:
     allocation_grace: float = 30.0
     core_numbering: CoreNumbering = "container"
     metrics_port: int = 0
-    metrics_address: str = "0.0.0.0"
+    metrics_address: str = "127.0.0.1"
     retry_interval: float = 1.0
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from accel_core.hostfiles import HostValueError, read_int
 from neuron_dra.deviceplugin.node import NeuronNode
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
 from neuron_dra.discovery import CLASS_DIR
@@ -24,10 +25,10 @@ STATUS_COUNTERS = ("success", "failure", "timeout", "hw_error", "hw_hbm_ue_error
 
 
 def _read_int(path: str) -> int | None:
+    """A counter file's value; None when it is absent or malformed (discovery reports the device's problems)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError, UnicodeDecodeError):
+        return read_int(path)
+    except HostValueError:
         return None
 
 

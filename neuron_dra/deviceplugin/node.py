@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from accel_core.hostfiles import parse_index
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from neuron_dra import discovery
@@ -122,13 +123,14 @@ class NeuronNode:
         """Device -> its cores in use through ``aws.amazon.com/neuroncore``."""
         out: dict[int, list[int]] = {}
         for cid in self.usage.in_use(NEURONCORE):
-            if cid.isdigit():
-                out.setdefault(self.device_of_core(int(cid)), []).append(int(cid))
+            core = parse_index(cid)
+            if core is not None:
+                out.setdefault(self.device_of_core(core), []).append(core)
         return {d: sorted(c) for d, c in out.items()}
 
     def devices_used_whole(self) -> set[int]:
         """Devices in use through ``aws.amazon.com/neuron``."""
-        return {int(i) for i in self.usage.in_use(NEURON) if i.isdigit()}
+        return {n for i in self.usage.in_use(NEURON) if (n := parse_index(i)) is not None}
 
     def conflicts(self) -> set[int]:
         """Devices both resources hold at once (should never happen; reported by metrics and logs)."""

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from accel_core.deviceplugin import AdvertisedDevice, AllocationError
 from accel_core.edits import ContainerEdits
+from accel_core.hostfiles import parse_index
 from accel_core.logs import kv
 from neuron_dra.deviceplugin.allocation import Choice, choose_cores, choose_devices
 from neuron_dra.deviceplugin.edits import container_edits
@@ -43,9 +44,10 @@ def parse_ids(ids: Sequence[str], resource: str, limit: int) -> list[int]:
     """Kubelet IDs -> integers in ``0..limit-1``; AllocationError naming the first bad ID."""
     out = []
     for raw in ids:
-        if not raw.isdigit() or int(raw) >= limit:
-            raise AllocationError(f"{resource}: {raw!r} is not a valid ID on this node (0..{limit - 1})")
-        out.append(int(raw))
+        number = parse_index(raw, maximum=max(0, limit - 1))
+        if number is None or number >= limit:
+            raise AllocationError(f"{resource}: {raw[:40]!r} is not a valid ID on this node (0..{limit - 1})")
+        out.append(number)
     return out
 
 

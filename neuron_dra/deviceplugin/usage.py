@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from accel_core.hostfiles import parse_index
 from accel_core.logs import kv
 
 log = logging.getLogger(__name__)
@@ -88,4 +89,5 @@ class UsageTracker:
 
 
 def _num(value: str) -> tuple[int, str]:
-    return (int(value), "") if value.isdigit() else (1 << 30, value)
+    number = parse_index(value)
+    return (number, "") if number is not None else (1 << 30, value)

@@ -23,6 +23,7 @@ from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
 from accel_core.dra.profile import tainted, unhealthy_taint_key
 from accel_core.dra.slices import AttributeValue, SliceDevice, Version
 from accel_core.health import DeviceHealth
+from accel_core.hostfiles import parse_index
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 
 DRIVER_NAME = "neuron.aws.com"
@@ -38,11 +39,8 @@ def device_name(index: int) -> str:
 
 
 def device_index(name: str) -> int | None:
-    """``neuron-device-3`` -> 3; None for any other name."""
-    if not name.startswith(DEVICE_PREFIX):
-        return None
-    tail = name[len(DEVICE_PREFIX):]
-    return int(tail) if tail.isdigit() and str(int(tail)) == tail else None
+    """``neuron-device-3`` -> 3; None for any other name (ASCII digits only: ``neuron-device-²`` is not one)."""
+    return parse_index(name, DEVICE_PREFIX)
 
 
 def device_attributes(inv: NeuronInventory, dev: NeuronDevice, dra_version: str) -> dict[str, AttributeValue]:

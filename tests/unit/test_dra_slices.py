@@ -174,7 +174,8 @@ async def settle() -> None:
 
 def run_with(api: FakeApi, scenario: Callable[[SlicePublisher, FakeApi], Awaitable[None]], **kw: Any) -> None:
     async def main() -> None:
-        pub = SlicePublisher(api, DRIVER, NODE, backoff_initial=0.01, backoff_max=0.05, **kw)  # type: ignore[arg-type]
+        fast = {"backoff_initial": 0.01, "backoff_max": 0.05, "unreachable_retry": 0.01}
+        pub = SlicePublisher(api, DRIVER, NODE, **{**fast, **kw})  # type: ignore[arg-type]
         stop = asyncio.Event()
         task = asyncio.create_task(pub.run(stop))
         try:
@@ -376,3 +377,78 @@ def test_conflicting_update_relists_and_retries() -> None:
         pub.set_devices(devices(2))
         await until(lambda: len(api.ours()[0]["spec"]["devices"]) == 2, "the retried update")
     run_with(FakeApi(), scenario)
+
+
+class ErrorApi(FakeApi):
+    """Answers the slice ``list`` (made by every sync) with ``error`` while it is set, and records each attempt."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: Exception | None = None
+        self.attempts: list[float] = []
+
+    def list(self, res: Any, *, fields: dict[str, str]) -> FakeListing:
+        self.attempts.append(asyncio.get_running_loop().time())
+        if self.error is not None:
+            raise self.error
+        return super().list(res, fields=fields)
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def run_error_api(api: ErrorApi, scenario: Callable[[SlicePublisher, FakeApi], Awaitable[None]]) -> None:
+    async def main() -> None:
+        pub = SlicePublisher(api, DRIVER, NODE, backoff_initial=0.05, backoff_max=0.4,  # type: ignore[arg-type]
+                             unreachable_retry=0.05)
+        stop = asyncio.Event()
+        task = asyncio.create_task(pub.run(stop))
+        try:
+            await scenario(pub, api)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+    asyncio.run(main())
+
+
+def server_error() -> ApiError:
+    return ApiError(status=Status(code=500, message="etcdserver: request timed out"))
+
+
+def test_backoff_grows_on_server_errors_and_a_success_resets_it() -> None:
+    api = ErrorApi()
+    api.error = server_error()
+
+    async def scenario(pub: SlicePublisher, fake: FakeApi) -> None:
+        await until(lambda: len(api.attempts) >= 6, "six attempts", timeout=10)
+        grown = gaps(api.attempts[:6])  # 0.05, 0.1, 0.2, 0.4, 0.4 (each +-20%)
+        assert grown[0] < 0.08 and grown[2] > 0.15 and grown[3] > 0.3
+        api.error = None
+        pub.set_devices(devices(1))
+        await asyncio.wait_for(pub.published.wait(), 5)
+        # the watch breaks: a new sync meets a server error again, and waits the initial backoff, not 0.4 s
+        api.error = server_error()
+        before = len(api.attempts)
+        fake._emit("BREAK", {})
+        await until(lambda: len(api.attempts) >= before + 2, "two attempts after the break", timeout=10)
+        assert gaps(api.attempts[before:before + 2])[0] < 0.08
+    run_error_api(api, scenario)
+
+
+def test_an_unreachable_server_is_retried_at_a_flat_short_interval() -> None:
+    api = ErrorApi()
+    api.error = httpx2.ConnectError("connection refused")
+
+    async def scenario(pub: SlicePublisher, fake: FakeApi) -> None:
+        await asyncio.sleep(1.2)
+        assert len(api.attempts) >= 15  # exponential (0.05 doubling to 0.4) would have made about 6
+        assert max(gaps(api.attempts)) < 0.1
+        api.error = ApiError(status=Status(code=503, message="the server is currently unable to handle the request"))
+        before = len(api.attempts)
+        await asyncio.sleep(0.5)
+        assert len(api.attempts) - before >= 6  # an API server still starting counts as not there yet
+        api.error = None
+        pub.set_devices(devices(1))
+        await asyncio.wait_for(pub.published.wait(), 1)
+    run_error_api(api, scenario)

@@ -70,3 +70,19 @@ nodeAffinity:
       {{- toYaml $terms | nindent 6 }}
 {{- end -}}
 {{- end }}
+
+{{/* METRICS_ADDRESS from metrics.address: podIP and hostIP come from the downward API, anything else is literal. */}}
+{{- define "efa.metricsAddressEnv" -}}
+- name: METRICS_ADDRESS
+{{- if eq . "podIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- else if eq . "hostIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+{{- else }}
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}

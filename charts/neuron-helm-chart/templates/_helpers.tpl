@@ -126,6 +126,26 @@ nodeAffinity:
   value: {{ .root.Values.logFormat | quote }}
 - name: METRICS_PORT
   value: {{ ternary .component.metrics.port 0 .component.metrics.enabled | quote }}
+{{- if .component.metrics.enabled }}
+{{ include "neuron.metricsAddressEnv" .component.metrics.address }}
+{{- end }}
+{{- end }}
+
+{{/* METRICS_ADDRESS from a component's metrics.address: podIP and hostIP come from the downward API, anything else
+     is a literal address. */}}
+{{- define "neuron.metricsAddressEnv" -}}
+- name: METRICS_ADDRESS
+{{- if eq . "podIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- else if eq . "hostIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+{{- else }}
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* A headless metrics Service selecting a component's pods.

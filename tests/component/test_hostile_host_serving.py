@@ -1,0 +1,186 @@
+"""Issue 14 item 1, while serving: hostile files appearing under a running ``efa-device-plugin serve`` and
+``neuron-device-plugin serve`` (real processes, kubelet stand-in over real sockets) affect only their own device;
+the daemon keeps running, keeps the other devices Healthy, keeps answering scrapes, and recovers when the files do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.fakehost import FakeHost, build_host
+
+REPO = Path(__file__).resolve().parents[2]
+EFA = "vpc.amazonaws.com/efa"
+NEURON = "aws.amazon.com/neuron"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def break_file(path: Path, how: str) -> None:
+    """Replace one file the way a hostile or broken host might."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    if how == "superscript":
+        path.write_text("²\n")
+    elif how == "fullwidth":
+        path.write_text("１\n")
+    elif how == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage")
+    elif how == "huge":
+        path.write_bytes(b"7" * 10_000)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "loop":
+        os.symlink(path.name, path)
+    elif how == "directory":
+        path.mkdir()
+
+
+HOW = ("superscript", "fullwidth", "binary", "huge", "fifo", "loop", "directory")
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310 - loopback
+        return resp.read().decode()
+
+
+async def until_scraped(port: int, needle: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while needle not in await asyncio.to_thread(scrape, port):
+        assert loop.time() < deadline, f"{needle} never appeared in /metrics"
+        await asyncio.sleep(0.2)
+
+
+def health(devices: list, ids: Callable[[str], bool]) -> dict[str, str]:  # type: ignore[type-arg]
+    return {d.ID: d.health for d in devices if ids(d.ID)}
+
+
+async def serve(cmd: list[str], standin: KubeletStandIn) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", *cmd, "--kubelet-root", str(standin.root), "--log-level",
+                             "WARNING"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, 20)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    return err
+
+
+def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path) -> None:
+    async def scenario() -> None:
+        host = build_host(short_tmp / "h", "p4d.24xlarge")
+        victim = host.efa_ibdevs[1]
+        pristine = short_tmp / "pristine"
+        shutil.copytree(host.root, pristine, symlinks=True)
+        ib_rel = host.ibdev_dir(victim).relative_to(host.root)
+        pci_rel = Path(os.path.realpath(host.ibdev_dir(victim) / "device")).relative_to(host.root)
+        # (file, does breaking it make the device Unhealthy?) - a counter only drops out of the metrics
+        targets = [(ib_rel / "ports/1/state", True), (pci_rel / "numa_node", True),
+                   (Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/dev"), True),
+                   (Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/ibdev"), True),
+                   (ib_rel / "ports/1/hw_counters/tx_bytes", False)]
+        standin = KubeletStandIn(short_tmp / "k")
+        await standin.start()
+        port = free_port()
+        proc = await serve(["efa_plugin.cli", "serve", "--host-root", str(host.root), "--rescan-interval", "0.1",
+                            "--metrics-port", str(port)], standin)
+        try:
+            await standin.wait_registered(EFA, timeout=30)
+            devices = await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d))
+            ids = sorted(d.ID for d in devices)
+            victim_id = next(i for i in ids if (host.root / pci_rel).name == i)
+            others = [i for i in ids if i != victim_id]
+            for target, unhealthy in targets:
+                for how in HOW:
+                    break_file(host.root / target, how)
+                    if unhealthy:  # the victim goes Unhealthy or away; the others stay Healthy and listed
+                        await standin.wait_devices(EFA, lambda d: health(d, others.__contains__) == dict.fromkeys(
+                            others, "Healthy") and health(d, victim_id.__eq__) != {victim_id: "Healthy"}, timeout=10)
+                    else:
+                        await asyncio.sleep(0.3)
+                    assert proc.poll() is None
+                    text = await asyncio.to_thread(scrape, port)
+                    assert 'efa_device_healthy{device="' in text
+                    if not unhealthy:  # the snapshot is at most 2 s old
+                        await until_scraped(port, f'efa_counter_read_errors_total{{device="{victim}"}}')
+                    restore(pristine, host, target)
+                    await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d),
+                                               timeout=10)
+            await stop(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            await standin.stop()
+
+    asyncio.run(scenario())
+
+
+def test_neuron_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path) -> None:
+    async def scenario() -> None:
+        host = build_host(short_tmp / "h", "trn1.32xlarge")
+        pristine = short_tmp / "pristine"
+        shutil.copytree(host.root, pristine, symlinks=True)
+        base = Path("sys/devices/virtual/neuron_device/neuron3")
+        targets = [base / "core_count", base / "connected_devices", base / "stats/hardware/mem_ecc_uncorrected/total"]
+        standin = KubeletStandIn(short_tmp / "k")
+        await standin.start()
+        port = free_port()
+        proc = await serve(["neuron_dra.deviceplugin.cli", "serve", "--host-root", str(host.root),
+                            "--rescan-interval", "0.1", "--metrics-port", str(port)], standin)
+        others = [str(i) for i in range(16) if i != 3]
+        try:
+            await standin.wait_registered(NEURON, timeout=30)
+            await standin.wait_devices(NEURON, lambda d: len(d) == 16 and all(x.health == "Healthy" for x in d),
+                                       timeout=10)
+            for target in targets:
+                for how in HOW:
+                    break_file(host.root / target, how)
+                    await asyncio.sleep(0.5)  # a few rescans
+                    devices = await standin.wait_devices(
+                        NEURON, lambda d: len(d) == 16 and health(d, others.__contains__) == dict.fromkeys(
+                            others, "Healthy"), timeout=10)
+                    assert proc.poll() is None, (target, how)
+                    assert len(devices) == 16
+                    assert "neuron_device_plugin_device_healthy" in await asyncio.to_thread(scrape, port)
+                    restore(pristine, host, target)
+            await standin.wait_devices(NEURON, lambda d: len(d) == 16 and all(x.health == "Healthy" for x in d),
+                                       timeout=10)
+            await stop(proc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            await standin.stop()
+
+    asyncio.run(scenario())
+
+
+def restore(pristine: Path, host: FakeHost, rel: Path) -> None:
+    path = host.root / rel
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    shutil.copy2(pristine / rel, path, follow_symlinks=False)
