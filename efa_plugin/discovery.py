@@ -133,7 +133,6 @@ class EfaInventory:
 # ------------------------------------------------------------------------------------------------ small readers
 
 
-
 def _label_or_none(path: str) -> str | None:
     """A short printable value (it may become a ResourceSlice attribute), or None when absent or not one."""
     try:
