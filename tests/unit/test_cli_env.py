@@ -14,13 +14,15 @@ import pytest
 from accel_core.cli import EnvArgumentParser
 from efa_plugin import cli as efa_cli
 from neuron_dra.deviceplugin import cli as neuron_cli
+from efa_plugin.dra import cli as efa_dra_cli
 from neuron_dra.dra import cli as dra_cli
 
 Main = Callable[[Sequence[str] | None], int]
 PARSERS: dict[str, tuple[Callable[[], EnvArgumentParser], Main]] = {
     "efa-device-plugin": (efa_cli.build_parser, efa_cli.main),
     "neuron-device-plugin": (neuron_cli.build_parser, neuron_cli.main),
-    "neuron-dra-driver": (dra_cli._parser, dra_cli.main),
+    "neuron-dra-driver": (dra_cli.CLI.parser, dra_cli.main),
+    "efa-dra-driver": (efa_dra_cli.CLI.parser, efa_dra_cli.main),
 }
 
 
@@ -114,7 +116,7 @@ def test_good_values_flags_win_and_empty_means_unset(monkeypatch: pytest.MonkeyP
     args = efa_cli.build_parser().parse_args(["serve"])
     assert (args.metrics_port, args.metrics_address) == (9810, "127.0.0.1")  # loopback unless the chart says
     monkeypatch.setenv("HEALTHCHECK_PORT", "-1")
-    assert dra_cli._parser().parse_args(["serve"]).healthcheck_port == -1
+    assert dra_cli.CLI.parser().parse_args(["serve"]).healthcheck_port == -1
 
 
 def test_a_parser_used_twice_forgets_the_first_environment(monkeypatch: pytest.MonkeyPatch) -> None:
