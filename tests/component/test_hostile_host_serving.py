@@ -74,8 +74,8 @@ def health(devices: list, ids: Callable[[str], bool]) -> dict[str, str]:  # type
 
 async def serve(cmd: list[str], standin: KubeletStandIn) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", *cmd, "--kubelet-root", str(standin.root), "--log-level",
-                             "WARNING"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, "-m", *cmd, *standin.daemon_flags(), "--log-level", "WARNING"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 async def stop(proc: subprocess.Popen[bytes]) -> str:

@@ -16,6 +16,7 @@ DRA_ON = ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=tru
 # (chart, flags, DaemonSet, values prefix of its metrics block)
 DAEMONS = [
     (EFA_CHART, [], "aws-efa-k8s-device-plugin-daemonset", "metrics"),
+    (EFA_CHART, DRA_ON, "aws-efa-k8s-device-plugin-dra-driver", "draDriver.metrics"),
     (NEURON_CHART, [], "neuron-device-plugin", "devicePlugin.metrics"),
     (NEURON_CHART, DRA_ON, "neuron-dra-driver-kubelet-plugin", "draDriver.metrics"),
 ]
@@ -41,7 +42,7 @@ def test_pod_ip_by_default_host_ip_or_literal_on_request(helm: Path, chart: Path
 
 def test_host_network_plugins_do_not_open_every_host_interface(helm: Path) -> None:
     """With hostNetwork the pod IP is the node's IP: one interface, not 0.0.0.0."""
-    for chart, flags, ds, _ in DAEMONS[:2]:
+    for chart, flags, ds, _ in (DAEMONS[0], DAEMONS[2]):
         rendered = template(helm, chart, *flags).get("DaemonSet", ds)
         assert rendered["spec"]["template"]["spec"]["hostNetwork"] is True
         assert env_of(container(rendered))["METRICS_ADDRESS"] == POD_IP

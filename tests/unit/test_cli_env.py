@@ -13,8 +13,8 @@ import pytest
 
 from accel_core.cli import EnvArgumentParser
 from efa_plugin import cli as efa_cli
-from neuron_dra.deviceplugin import cli as neuron_cli
 from efa_plugin.dra import cli as efa_dra_cli
+from neuron_dra.deviceplugin import cli as neuron_cli
 from neuron_dra.dra import cli as dra_cli
 
 Main = Callable[[Sequence[str] | None], int]

@@ -31,7 +31,6 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from neuron_dra.dra.health import assess
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -52,6 +51,7 @@ from neuron_dra.discovery import NeuronInventory
 from neuron_dra.discovery import discover as discover_neuron
 from neuron_dra.dra import cli as dra_cli
 from neuron_dra.dra.attributes import slice_devices
+from neuron_dra.health import assess
 
 EFA_HOST = "p4d.24xlarge"  # 4 EFAs next to 8 GPUs
 NEURON_HOST = "trn1.32xlarge"  # 16 Neuron devices on a 4x4 torus, 8 EFAs mapped to them
