@@ -9,6 +9,7 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from accel_core.logs import kv
+from accel_core.paths import SocketPathError
 
 log = logging.getLogger(__name__)
 
@@ -36,4 +37,7 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
         asyncio.run(runner())
     except KeyboardInterrupt:
         return 130
+    except SocketPathError as exc:
+        log.error("cannot serve: shorten the directory flags", extra=kv(daemon=name, error=exc))
+        return 2
     return 0

@@ -118,7 +118,12 @@ def resolve_paths(args: argparse.Namespace | None = None, env: Mapping[str, str]
 UNIX_PATH_MAX = 107
 
 
+class SocketPathError(ValueError):
+    """A unix socket path the kernel cannot bind: a configuration error a daemon reports and exits on."""
+
+
 def check_socket_path(path: Path) -> None:
     """Raise a clear error when a unix socket path is longer than the kernel allows."""
-    if len(str(path).encode()) > UNIX_PATH_MAX:
-        raise ValueError(f"socket path {path} is {len(str(path).encode())} bytes; unix sockets allow {UNIX_PATH_MAX}")
+    size = len(str(path).encode())
+    if size > UNIX_PATH_MAX:
+        raise SocketPathError(f"socket path {path} is {size} bytes; unix sockets allow {UNIX_PATH_MAX}")

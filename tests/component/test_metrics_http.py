@@ -252,12 +252,16 @@ def test_daemon_listens_on_loopback_and_stops_promptly_under_half_open_connectio
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "METRICS_PORT": str(port)}
     proc = subprocess.Popen([sys.executable, "-m", "efa_plugin.cli", "serve", "--host-root", str(short_tmp / "host"),
-                             "--kubelet-root", str(short_tmp / "kubelet")], env=env,
+                             "--kubelet-root", str(short_tmp / "kubelet"),
+                             "--device-plugins-dir", str(short_tmp / "kubelet" / "device-plugins")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     socks: list[socket.socket] = []
     try:
         assert wait_listening(proc.pid, port) == ["127.0.0.1"]  # METRICS_ADDRESS unset: this node only
-        assert b"efa_device_healthy" in get(port)[2]
+        deadline = time.monotonic() + 20  # the first discovery fills the snapshot after the port opens
+        while b"efa_device_healthy" not in get(port)[2]:
+            assert time.monotonic() < deadline, "device metrics never appeared"
+            time.sleep(0.1)
         socks = half_open(port, 300)
         assert get(port)[0] == 200
         t0 = time.monotonic()
