@@ -660,7 +660,7 @@ def test_efa_dra_driver_objects(helm: Path) -> None:
     assert env["CDI_ROOT"] == "/var/run/cdi" and env["HEALTHCHECK_PORT"] == "51516" and env["METRICS_PORT"] == "9813"
     assert env["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
     assert env["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
-    assert {e["name"] for e in c["env"] if "valueFrom" in e} == {"NODE_NAME", "POD_UID"}
+    assert {e["name"] for e in c["env"] if "valueFrom" in e} == {"NODE_NAME", "POD_UID", "METRICS_ADDRESS"}
     assert c["livenessProbe"]["grpc"] == {"port": 51516, "service": "liveness"}
     mounts = mounts_of(ds)
     assert mounts["/var/lib/kubelet/device-plugins"]["readOnly"] is True
