@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accel_core.awsfacts import neuron as neuron_facts
+from accel_core.awsfacts import ultraserver as us_facts
+from accel_core.awsfacts.ultraserver import UltraServerIds
 from accel_core.health import Problem, ProblemKind
 from accel_core.hostfiles import (
     HostValueError,
@@ -102,6 +104,8 @@ class NeuronInventory:
     driver_version: str | None
     topology: Topology
     problems: tuple[str, ...] = ()
+    ultraserver: UltraServerIds | None = None
+    """This node's place in an UltraServer (class attributes); None outside one or when they are unreadable."""
 
     @property
     def arch(self) -> str:
@@ -408,7 +412,9 @@ def discover(paths: HostPaths, *, known: Iterable[int] = ()) -> NeuronInventory:
     if devices and driver_version is None:
         problems.extend(f"{p}; Neuron driver version unknown" for p in version_problems or
                         [f"{DRIVER_VERSION_FILE}: missing"])
-    return NeuronInventory(instance_type, tuple(devices), lnc, applies, driver_version, topology, tuple(problems))
+    ids = read_ultraserver(reader, problems) if devices else None
+    return NeuronInventory(instance_type, tuple(devices), lnc, applies, driver_version, topology, tuple(problems),
+                           ids)
 
 
 def refresh_state(paths: HostPaths, inventory: NeuronInventory) -> NeuronInventory | None:
@@ -418,6 +424,9 @@ def refresh_state(paths: HostPaths, inventory: NeuronInventory) -> NeuronInvento
     (then a full :func:`discover` is needed to explain it).
     """
     reader = _Reader(paths)
+    quiet: list[str] = []
+    if inventory.devices and read_ultraserver(reader, quiet) != inventory.ultraserver:
+        return None
     names = {n for n in reader.listdir(CLASS_DIR) if _device_number(n) is not None}
     known = {f"neuron{d.index}" for d in inventory.devices}
     if not names <= known:
@@ -437,6 +446,62 @@ def refresh_state(paths: HostPaths, inventory: NeuronInventory) -> NeuronInvento
             return None  # a counter went bad: let the full scan report it
         devices.append(dev if errors == dev.uncorrected_errors else replace(dev, uncorrected_errors=errors))
     return replace(inventory, devices=tuple(devices))
+
+
+def read_ultraserver(reader: _Reader, problems: list[str]) -> UltraServerIds | None:
+    """The class-level UltraServer attributes; None outside an UltraServer, when the driver has none of them, or
+    when one is malformed (a problem naming the file)."""
+    paths = {name: f"{CLASS_DIR}/{name}" for name in us_facts.CLASS_ATTRIBUTES}
+    if not any(reader.exists(p) for p in paths.values()):
+        return None  # a driver without UltraServer support
+    found: list[str] = []
+    texts = {name: reader.text(p, found) for name, p in paths.items()}
+    values: dict[str, int | str] = {}
+    for name in ("node_id_2", "node_id_4"):
+        text = texts[name]
+        if text is not None:
+            try:
+                values[name] = parse_int(text, paths[name], minimum=-1,
+                                         maximum=1 if name == "node_id_2" else us_facts.NODES_PER_ULTRASERVER - 1)
+            except HostValueError as exc:
+                found.append(str(exc))
+    for name in ("server_id_2", "server_id_4"):
+        text = texts[name]
+        if text is not None:
+            body = text.strip()
+            if len(body) != us_facts.SERVER_ID_DIGITS or not re.fullmatch(r"[0-9a-f]+", body):
+                found.append(f"{paths[name]}: expected {us_facts.SERVER_ID_DIGITS} lower-case hex digits, "
+                             f"got {_show(text)}")
+            else:
+                values[name] = body
+    modes: tuple[int, ...] = ()
+    mode_text = (texts["ultraserver_mode"] or "").strip()
+    busy = mode_text == us_facts.BUSY
+    if mode_text and not busy:
+        parts = [p.strip() for p in mode_text.split(",")]
+        parsed = [parse_index(p) for p in parts]
+        if any(v not in us_facts.RUNTIME_MODES for v in parsed):
+            found.append(f"{paths['ultraserver_mode']}: expected 'busy' or a comma list of modes "
+                         f"{', '.join(map(str, us_facts.ALL_RUNTIME_MODES))}, got {_show(mode_text)}")
+        else:
+            modes = tuple(sorted({v for v in parsed if v is not None}))
+    if found:
+        problems.extend(f"{p}; UltraServer ids unknown" for p in found)
+        return None
+    node_ids = (values.get("node_id_2"), values.get("node_id_4"))
+    outside = us_facts.NO_NODE_ID in node_ids
+    if outside:
+        if node_ids != (us_facts.NO_NODE_ID, us_facts.NO_NODE_ID) or modes:
+            problems.append(f"{CLASS_DIR}: node_id_2/node_id_4/ultraserver_mode disagree about UltraServer membership "
+                            f"(node ids {node_ids}, modes {list(modes) or mode_text!r}); UltraServer ids unknown")
+        return None
+    if us_facts.NO_SERVER_ID in (values["server_id_2"], values["server_id_4"]):
+        problems.append(f"{CLASS_DIR}: node ids {node_ids} but a server id is {us_facts.NO_SERVER_ID}; "
+                        "UltraServer ids unknown")
+        return None
+    return UltraServerIds(server_id_2=str(values["server_id_2"]), node_id_2=int(values["node_id_2"]),
+                          server_id_4=str(values["server_id_4"]), node_id_4=int(values["node_id_4"]),
+                          modes=modes, busy=busy)
 
 
 def _consensus_cores(

@@ -12,8 +12,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-from accel_core.awsfacts import catalog
+from accel_core.awsfacts import catalog, ultraserver
 from accel_core.awsfacts.catalog import InstanceType, NeuronSpec, PciFunction
+from accel_core.awsfacts.ultraserver import UltraServerIds
 from accel_core.fakehost import layout
 from accel_core.fakehost.fsops import FakeHostError, link, write_plain
 from accel_core.fakehost.host import MARKER, FakeHost
@@ -178,36 +179,24 @@ def _write_neuron(w: _Writer, spec: InstanceType, neuron: NeuronSpec, slot: layo
     w.file(f"dev/neuron{slot.index}", "")
 
 
-def _write_neuron_class(w: _Writer, spec: InstanceType, neuron: NeuronSpec) -> None:
-    """Class-level UltraServer attributes; non-UltraServer values as the driver reports them (assumed for trn2u)."""
-    if neuron.ultraserver:
-        values = {
-            "node_id_2": "0\n",
-            "node_id_4": "0\n",
-            "server_id_2": f"{_hex_id(spec.name, 'us2')}\n",
-            "server_id_4": f"{_hex_id(spec.name, 'us4')}\n",
-            "ultraserver_mode": "1,2,3,4\n",
-        }
-    else:
-        values = {
-            "node_id_2": "-1\n",
-            "node_id_4": "-1\n",
-            "server_id_2": "0000000000000000\n",
-            "server_id_4": "0000000000000000\n",
-            "ultraserver_mode": "\n",
-        }
-    w.files("sys/class/neuron_device", values)
+def _write_neuron_class(w: _Writer, neuron: NeuronSpec, ids: UltraServerIds | None) -> None:
+    """Class-level UltraServer attributes: one node's ids, or the values of a node outside an UltraServer."""
+    w.files("sys/class/neuron_device", ultraserver.class_files(ids))
     w.file("sys/module/neuron/version", f"{neuron.driver_version}\n")
 
 
-def build_host(root: Path, instance_type: str, *, efa: bool = True, lnc: int | None = None) -> FakeHost:
+def build_host(root: Path, instance_type: str, *, efa: bool = True, lnc: int | None = None,
+               ultraserver_id: str | None = None, ultraserver_node: int | None = None) -> FakeHost:
     """Write the host tree of ``instance_type`` under ``root`` and return a handle for mutations.
 
     ``efa=False`` leaves EFA unattached (no EFA PCI functions or ``infiniband`` entries; non-EFA RDMA stays).
     ``lnc`` writes ``/opt/aws/neuron/logical_nc_config``; only types with an LNC setting (trn2) accept it.
+    ``ultraserver_id`` and ``ultraserver_node`` (0..3) make the node one of a 4-node UltraServer (types whose
+    catalog entry says ``ultraserver``, i.e. trn2u); without them the node stands alone.
     Raises :class:`~accel_core.awsfacts.catalog.UnknownInstanceType` or :class:`FakeHostError`.
     """
     spec = catalog.get(instance_type)
+    ids = _ultraserver_ids(spec, ultraserver_id, ultraserver_node)
     if lnc is not None:
         if not spec.supports_lnc:
             raise FakeHostError(f"instance type {instance_type} has no Logical NeuronCore setting; --lnc not allowed")
@@ -245,12 +234,28 @@ def build_host(root: Path, instance_type: str, *, efa: bool = True, lnc: int | N
                 gpu.pci, vendor=_NVIDIA_VENDOR, device=spec.gpus.pci_device_id, pci_class="0x030200", driver="nvidia"
             )
     if spec.neuron is not None:
-        _write_neuron_class(w, spec, spec.neuron)
+        _write_neuron_class(w, spec.neuron, ids)
         for nslot in layout.neuron_slots(spec):
             _write_neuron(w, spec, spec.neuron, nslot)
 
-    w.file(MARKER, json.dumps({"instance_type": spec.name, "efa": efa, "lnc": lnc}) + "\n")
+    w.file(MARKER, json.dumps({"instance_type": spec.name, "efa": efa, "lnc": lnc, "ultraserver": ultraserver_id,
+                               "ultraserver_node": ultraserver_node}) + "\n")
     return FakeHost(root, spec, efa=efa)
+
+
+def _ultraserver_ids(spec: InstanceType, name: str | None, node: int | None) -> UltraServerIds | None:
+    if name is None and node is None:
+        return None
+    if name is None or node is None:
+        raise FakeHostError("an UltraServer node needs both an UltraServer id and a node number (0..3)")
+    if spec.neuron is None or not spec.neuron.ultraserver:
+        raise FakeHostError(f"instance type {spec.name} is not an UltraServer node type (trn2u.48xlarge is)")
+    if not name or not name.isascii() or not name.isprintable():
+        raise FakeHostError(f"UltraServer id must be printable ASCII, got {name!r}")
+    try:
+        return ultraserver.fake_ids(name, node)
+    except ValueError as exc:
+        raise FakeHostError(str(exc)) from None
 
 
 def clear_host(root: Path) -> None:

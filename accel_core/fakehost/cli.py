@@ -1,6 +1,7 @@
 """``fake-sysfs``: write a fake host tree for a catalog instance type, or list the catalog.
 
     fake-sysfs --instance-type trn2.48xlarge DIR [--no-efa] [--lnc 1|2] [--force]
+    fake-sysfs --instance-type trn2u.48xlarge --ultraserver ID --ultraserver-node K DIR   (K in 0..3)
     fake-sysfs --list
 
 Exit status 0 on success, 2 on any usage or input error (the message names the problem).
@@ -33,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="print the catalog and exit")
     p.add_argument("--no-efa", action="store_true", help="build the type with no EFA attached")
     p.add_argument("--lnc", type=int, choices=(1, 2), help="write /opt/aws/neuron/logical_nc_config (trn2 only)")
+    p.add_argument("--ultraserver", metavar="ID",
+                   help="make the node part of the 4-node UltraServer ID (trn2u.48xlarge; needs --ultraserver-node)")
+    p.add_argument("--ultraserver-node", type=int, choices=range(4), metavar="K",
+                   help="this node's number (0..3) in the UltraServer")
     p.add_argument("--force", action="store_true", help="replace a tree already in DIR (only what fake-sysfs writes)")
     return p
 
@@ -69,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = catalog.get(args.instance_type)
     except UnknownInstanceType as exc:
         return _fail(str(exc))
+    if (args.ultraserver is None) != (args.ultraserver_node is None):
+        return _fail("--ultraserver ID and --ultraserver-node K go together")
+    if args.ultraserver is not None and not (spec.neuron and spec.neuron.ultraserver):
+        return _fail(f"instance type {spec.name} is not an UltraServer node type; --ultraserver is not allowed")
     if args.lnc is not None and not spec.supports_lnc:
         return _fail(f"instance type {spec.name} has no Logical NeuronCore setting; --lnc is not allowed")
     root: Path = args.dir
@@ -83,13 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.force:
             clear_host(root)
-        host = build_host(root, spec.name, efa=not args.no_efa, lnc=args.lnc)
+        host = build_host(root, spec.name, efa=not args.no_efa, lnc=args.lnc, ultraserver_id=args.ultraserver,
+                          ultraserver_node=args.ultraserver_node)
     except (FakeHostError, OSError) as exc:
         return _fail(str(exc))
     print(
         f"wrote {host.instance_type} to {root}: {len(host.efa_ibdevs)} EFA, "
         f"{len(host.rdma_ibdevs) - len(host.efa_ibdevs)} other RDMA, {_neuron_cell(spec)} Neuron, "
         f"{spec.gpu_count} GPU"
+        + (f", UltraServer {args.ultraserver} node {args.ultraserver_node}" if args.ultraserver is not None else "")
     )
     return EXIT_OK
 

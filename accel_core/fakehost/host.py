@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from accel_core.awsfacts import catalog
+from accel_core.awsfacts import catalog, ultraserver
 from accel_core.awsfacts.catalog import InstanceType
+from accel_core.awsfacts.ultraserver import UltraServerIds
 from accel_core.fakehost import layout
 from accel_core.fakehost.fsops import Entry, FakeHostError, delete, replay, resolve, snapshot, write_atomic
 
@@ -144,6 +145,12 @@ class FakeHost:
         rel = f"{self._nslot(index).sysfs_dir}/{relpath.strip('/')}"
         resolve(self._root, rel)
         self._replace(rel, f"{value}\n", what=f"neuron{index} attribute {relpath!r}")
+
+    def set_ultraserver(self, ids: UltraServerIds | None) -> None:
+        """Rewrite the class-level UltraServer attributes: a node's ids (``busy=True`` writes ``busy`` as the
+        mode, as during an election), or None for the values of a node outside an UltraServer."""
+        for name, text in ultraserver.class_files(ids).items():
+            self._replace(f"sys/class/neuron_device/{name}", text, what=f"neuron class attribute {name}")
 
     # ------------------------------------------------------------------------------------------ generic
 
