@@ -113,7 +113,8 @@ class DriverCli:
         profile = self.profile()
         scan = profile.scan(resolve_paths(args), dra_driver_version())
         devices = tainted(profile.driver_name, scan.devices, scan.health)
-        objects = build_slices(profile.driver_name, args.node_name, devices, node_uid=args.node_uid)
+        objects = build_slices(profile.driver_name, args.node_name, devices, node_uid=args.node_uid,
+                               counters=scan.counters)
         if args.output == "yaml":
             sys.stdout.write(yaml.safe_dump(objects, sort_keys=False))
         else:

@@ -6,7 +6,8 @@ A profile says:
 
 - ``driver_name`` (``efa.aws.com``), ``metrics_prefix`` (``efa_dra``), ``udev_subsystems`` to listen to;
 - ``scan(paths, dra_version)``: read the host (called off the event loop) and return a :class:`Scan`: the
-  inventory, the devices to publish (attributes and capacity, no taints) and each device's health;
+  inventory, the devices to publish (attributes and capacity, no taints), each device's health, and the labels
+  and annotations the driver keeps on its own Node;
 - ``watch_paths(paths, inventory)``: host paths whose changes trigger a rescan;
 - ``blocked(paths)``: why the driver must publish and prepare nothing right now (a device plugin for the same
   hardware is running), or None;
@@ -21,12 +22,13 @@ kubelet's health stream.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from accel_core.dra.slices import SliceDevice, Taint
+from accel_core.dra.slices import CounterSet, SliceDevice, Taint
 from accel_core.edits import ContainerEdits
 from accel_core.health import DeviceHealth
 from accel_core.paths import HostPaths
@@ -44,10 +46,16 @@ class Scan(Generic[InventoryT]):
     """The pool's devices in order, without taints (the core adds them from ``health``)."""
     health: Mapping[str, DeviceHealth] = field(default_factory=dict)
     """By device name; a published device without an entry is healthy."""
+    counters: tuple[CounterSet, ...] = ()
+    """Counters the devices share (a device that consumes them all excludes the others)."""
     problems: tuple[str, ...] = ()
     """Host problems, logged once when they appear and once when they clear; each names its file."""
     summary: Mapping[str, object] = field(default_factory=dict)
     """Fields for the start-up log line (instance type, device count...)."""
+    node_labels: Mapping[str, str | None] = field(default_factory=dict)
+    """Labels the driver keeps on its own Node (None removes one); see :class:`accel_core.ownnode.OwnNode`."""
+    node_annotations: Mapping[str, str | None] = field(default_factory=dict)
+    """Annotations the driver keeps on its own Node, the same way."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,6 @@ def tainted(driver: str, devices: Sequence[SliceDevice], health: Mapping[str, De
     for dev in devices:
         state = health.get(dev.name)
         if state is not None and not state.healthy:
-            dev = SliceDevice(dev.name, dev.attributes, dev.capacity,
-                              (Taint(unhealthy_taint_key(driver), state.reason, "NoSchedule"),))
+            dev = dataclasses.replace(dev, taints=(Taint(unhealthy_taint_key(driver), state.reason, "NoSchedule"),))
         out.append(dev)
     return out

@@ -40,6 +40,7 @@ from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError
 from accel_core.health import HEALTHY, DeviceHealth
 from accel_core.logs import ProblemLog, kv
+from accel_core.ownnode import OwnNode
 from accel_core.paths import HostPaths
 from accel_core.watch import ChangeWatcher
 
@@ -107,6 +108,7 @@ class DraService:
                                          driver=self.driver_name, pool=node_name, metrics=self.metrics)
         self.publisher = (SlicePublisher(client, self.driver_name, node_name, registry=self.registry)
                           if client is not None else None)
+        self.own_node = OwnNode(client, node_name)
         self.liveness = LivenessServer(self.check_liveness, healthcheck_port) if healthcheck_port >= 0 else None
         self.ready = asyncio.Event()
         self._blocked_logged: str | None = None
@@ -140,10 +142,11 @@ class DraService:
             elif self._blocked_logged:
                 log.info("the device plugin is gone; publishing devices again", extra=kv(driver=self.driver_name))
             self._blocked_logged = reason
+        self.own_node.want(labels=self.scan.node_labels, annotations=self.scan.node_annotations)
         if self.publisher is not None:
             devices = [] if reason else tainted(self.driver_name, self.scan.devices, self.scan.health)
             try:
-                self.publisher.set_devices(devices)
+                self.publisher.set_devices(devices, self.scan.counters if devices else ())
             except SliceValidationError as exc:
                 log.error("not publishing: a device breaks the ResourceSlice limits", extra=kv(error=exc))
         return self.scan
@@ -174,6 +177,8 @@ class DraService:
             tasks.append(asyncio.create_task(self.publisher.run(stop)))
         else:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
+        if self.client is not None and (self.scan.node_labels or self.scan.node_annotations):
+            tasks.append(asyncio.create_task(self.own_node.run(stop)))
         if self.client is not None and self.cleanup_interval > 0:
             tasks.append(asyncio.create_task(self.cleaner.run(stop, self.cleanup_interval)))
         self.ready.set()

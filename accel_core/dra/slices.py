@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -99,6 +100,18 @@ class Taint:
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """Counters that devices of the pool share (partitionable devices): a device is allocatable only while what it
+    consumes is left, so two devices that consume the same counter in full exclude each other."""
+
+    name: str
+    counters: Mapping[str, int]
+
+    def to_api(self) -> dict[str, Any]:
+        return {"name": self.name, "counters": {c: {"value": quantity(v)} for c, v in sorted(self.counters.items())}}
+
+
+@dataclass(frozen=True)
 class SliceDevice:
     """One device as the driver wants it published. Capacity values are ints or Kubernetes quantity strings."""
 
@@ -106,6 +119,8 @@ class SliceDevice:
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     capacity: Mapping[str, int | str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Shared counters this device uses up while allocated: counter set -> counter -> amount."""
 
     def to_api(self, *, with_taints: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -113,6 +128,10 @@ class SliceDevice:
             out["attributes"] = {k: _attribute_json(v) for k, v in sorted(self.attributes.items())}
         if self.capacity:
             out["capacity"] = {k: {"value": quantity(v)} for k, v in sorted(self.capacity.items())}
+        if self.consumes:
+            out["consumesCounters"] = [
+                {"counterSet": cs, "counters": {c: {"value": quantity(v)} for c, v in sorted(counters.items())}}
+                for cs, counters in sorted(self.consumes.items())]
         if with_taints and self.taints:
             out["taints"] = [{"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect}
                              for t in self.taints]
@@ -223,14 +242,23 @@ def validate_device(device: SliceDevice) -> None:
         _check_taint(name, taint)
 
 
-def validate_devices(devices: Sequence[SliceDevice]) -> None:
-    """Validate every device and that names are unique within the pool."""
+def validate_devices(devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None:
+    """Validate every device, that names are unique within the pool, and that consumed counters exist."""
     seen: set[str] = set()
+    known = {c.name: c.counters for c in counters}
     for device in devices:
         validate_device(device)
         if device.name in seen:
             raise SliceValidationError(f"device {device.name}: name used twice in the pool")
         seen.add(device.name)
+        for cs, used in device.consumes.items():
+            missing = [c for c in used if c not in known.get(cs, {})]
+            if cs not in known:
+                raise SliceValidationError(f"device {device.name}: consumes counter set {cs!r}, which the pool "
+                                           "does not share")
+            if missing:
+                raise SliceValidationError(f"device {device.name}: consumes counters {', '.join(missing)} that "
+                                           f"counter set {cs!r} does not have")
 
 
 # -- building --------------------------------------------------------------------------------------------------
@@ -240,7 +268,7 @@ def without_taints(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
     for d in devices:
         if any(t.effect in ("NoSchedule", "NoExecute") for t in d.taints):
             continue
-        out.append(SliceDevice(d.name, d.attributes, d.capacity, ()))
+        out.append(dataclasses.replace(d, taints=()))
     return out
 
 
@@ -252,15 +280,19 @@ def build_slices(
     generation: int = 1,
     node_uid: str | None = None,
     pool: str | None = None,
+    counters: Sequence[CounterSet] = (),
 ) -> list[dict[str, Any]]:
     """The ResourceSlice objects (as dicts) for one pool; no devices gives no slices.
 
+    Shared ``counters`` go in a slice of their own, first (a slice holds devices or counters, never both).
     The owner reference to the Node is included when ``node_uid`` is known.
     """
     if not devices:
         return []
-    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if any(d.taints for d in devices) else MAX_DEVICES_PER_SLICE
-    chunks = [devices[i:i + size] for i in range(0, len(devices), size)]
+    limited = any(d.taints or d.consumes for d in devices)
+    size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
+    chunks: list[dict[str, Any]] = [{"sharedCounters": [c.to_api() for c in counters]}] if counters else []
+    chunks += [{"devices": [d.to_api() for d in devices[i:i + size]]} for i in range(0, len(devices), size)]
     metadata: dict[str, Any] = {"generateName": f"{node_name}-{driver}-"}
     if node_uid:
         metadata["ownerReferences"] = [
@@ -273,7 +305,7 @@ def build_slices(
             "driver": driver,
             "pool": {"name": pool or node_name, "generation": generation, "resourceSliceCount": len(chunks)},
             "nodeName": node_name,
-            "devices": [d.to_api() for d in chunk],
+            **chunk,
         },
     } for chunk in chunks]
 
@@ -297,12 +329,16 @@ def spec_key(spec: Mapping[str, Any]) -> str:
             "attributes": {k: v for k, v in sorted((d.get("attributes") or {}).items())},
             "capacity": {k: _canonical_quantity(v) for k, v in sorted((d.get("capacity") or {}).items())},
             "taints": taints,
+            "consumes": {c.get("counterSet"): {k: _canonical_quantity(v) for k, v in (c.get("counters") or {}).items()}
+                         for c in d.get("consumesCounters") or []},
         })
     devices.sort(key=lambda x: str(x["name"]))
+    counters = {c.get("name"): {k: _canonical_quantity(v) for k, v in (c.get("counters") or {}).items()}
+                for c in spec.get("sharedCounters") or []}
     pool = spec.get("pool") or {}
     return json.dumps({
         "driver": spec.get("driver"), "pool": pool.get("name"), "count": pool.get("resourceSliceCount"),
-        "nodeName": spec.get("nodeName"), "devices": devices,
+        "nodeName": spec.get("nodeName"), "devices": devices, "counters": counters,
     }, sort_keys=True)
 
 
@@ -363,6 +399,7 @@ class SlicePublisher:
         #: Set whenever the server holds exactly the current device list.
         self.published = asyncio.Event()
         self._desired: list[SliceDevice] | None = None
+        self._counters: list[CounterSet] = []
         self._node_uid: str | None = None
         self._cache: dict[str, dict[str, Any]] = {}
         self._accepted: dict[str, str] = {}  # server's version of a spec -> the spec we sent
@@ -378,13 +415,15 @@ class SlicePublisher:
     def generation(self) -> int:
         return self._generation
 
-    def set_devices(self, devices: Sequence[SliceDevice]) -> None:
-        """The pool's complete device list (empty: publish no slices). Raises SliceValidationError."""
+    def set_devices(self, devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None:
+        """The pool's complete device list (empty: publish no slices) and the counters its devices share.
+        Raises SliceValidationError."""
         devices = list(devices)
-        validate_devices(devices)
-        if devices == self._desired:
+        validate_devices(devices, counters)
+        if devices == self._desired and list(counters) == self._counters:
             return
         self._desired = devices
+        self._counters = list(counters)
         self.published.clear()
         self._wake.set()
 
@@ -495,7 +534,7 @@ class SlicePublisher:
         if self._desired is None:
             return  # the driver has not said what it has yet: never publish a partial pool
         devices = self._wanted_devices()
-        wanted = build_slices(self.driver, self.node_name, devices, node_uid=self._node_uid)
+        wanted = build_slices(self.driver, self.node_name, devices, node_uid=self._node_uid, counters=self._counters)
         self._generation = max([self._generation, *(o["spec"]["pool"].get("generation", 0)
                                                     for o in self._cache.values())])
         if not self._in_sync(wanted):
@@ -531,7 +570,7 @@ class SlicePublisher:
         self._generation = generation
         log.info("ResourceSlices published", extra=kv(
             driver=self.driver, node=self.node_name, generation=generation, slices=len(wanted),
-            devices=sum(len(o["spec"]["devices"]) for o in wanted)))
+            devices=sum(len(o["spec"].get("devices") or ()) for o in wanted)))
 
     def _check_dropped(self, sent: dict[str, Any], got: dict[str, Any]) -> None:
         sent_key, got_key = spec_key(sent), spec_key(got)
