@@ -46,8 +46,6 @@ class Scan(Generic[InventoryT]):
     """The pool's devices in order, without taints (the core adds them from ``health``)."""
     health: Mapping[str, DeviceHealth] = field(default_factory=dict)
     """By device name; a published device without an entry is healthy."""
-    counters: tuple[CounterSet, ...] = ()
-    """Counters the devices share (a device that consumes them all excludes the others)."""
     problems: tuple[str, ...] = ()
     """Host problems, logged once when they appear and once when they clear; each names its file."""
     summary: Mapping[str, object] = field(default_factory=dict)
@@ -56,6 +54,8 @@ class Scan(Generic[InventoryT]):
     """Labels the driver keeps on its own Node (None removes one); see :class:`accel_core.ownnode.OwnNode`."""
     node_annotations: Mapping[str, str | None] = field(default_factory=dict)
     """Annotations the driver keeps on its own Node, the same way."""
+    counters: tuple[CounterSet, ...] = ()
+    """Counters the devices share (a device that consumes them all excludes the others)."""
 
 
 @dataclass(frozen=True)

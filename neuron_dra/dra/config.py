@@ -7,6 +7,14 @@ A claim (or its DeviceClass) may carry, for driver ``neuron.aws.com``::
       kind: NeuronConfig
       logicalNeuronCore: 1        # or 2; only on generations with a Logical NeuronCore setting (Trainium2+)
 
+    parameters:
+      apiVersion: neuron.aws.com/v1
+      kind: UltraServerConfig
+      ultraserverMode: 4          # nodes in the UltraServer set: 1, 2 or 4 (for a neuron_node device)
+
+Both kinds may apply to one request; their fields add up (a later config of either kind overrides the fields it
+sets).
+
 Decoding is strict: an unknown field, a wrong ``apiVersion`` or ``kind``, or a bad value is an error that names
 the field and the config's place in the allocation. Precedence (class, then claim; later wins) is the core's
 (:mod:`accel_core.dra.config`).
@@ -18,15 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from accel_core.awsfacts.ultraserver import SET_SIZES
 from accel_core.dra.config import ConfigError, OpaqueEntry, check_fields, check_type, parameters_object
 from accel_core.dra.config import configs_for_requests as _configs_for_requests
 
 DRIVER_NAME = "neuron.aws.com"
 API_VERSION = "neuron.aws.com/v1"
 KIND = "NeuronConfig"
-KNOWN_KINDS_NOT_HANDLED = ("UltraServerConfig",)
+ULTRASERVER_KIND = "UltraServerConfig"
 LNC_VALUES = (1, 2)
-_FIELDS = ("apiVersion", "kind", "logicalNeuronCore")
+_FIELDS = {KIND: ("apiVersion", "kind", "logicalNeuronCore"),
+           ULTRASERVER_KIND: ("apiVersion", "kind", "ultraserverMode")}
 
 __all__ = ["ConfigError", "NeuronConfig", "OpaqueEntry", "configs_for_requests", "decode_parameters"]
 
@@ -36,15 +46,24 @@ class NeuronConfig:
     """The decoded settings; None means "not set" (the node's default applies)."""
 
     logical_neuron_core: int | None = None
+    ultraserver_mode: int | None = None
+    """Nodes in the UltraServer set (1, 2 or 4), from an ``UltraServerConfig``."""
 
 
 def decode_parameters(raw: Any, where: str) -> NeuronConfig:
     """Decode one ``opaque.parameters`` value."""
     params = parameters_object(raw, where)
-    check_fields(params, where, _FIELDS)
     kind = params.get("kind")
-    hint = " (UltraServer configuration is not supported by this driver)" if kind in KNOWN_KINDS_NOT_HANDLED else ""
-    check_type(params, where, API_VERSION, KIND, hint)
+    if kind == ULTRASERVER_KIND:
+        check_fields(params, where, _FIELDS[ULTRASERVER_KIND])
+        check_type(params, where, API_VERSION, ULTRASERVER_KIND)
+        mode = params.get("ultraserverMode")
+        if isinstance(mode, bool) or not isinstance(mode, int) or mode not in SET_SIZES:
+            raise ConfigError(f"{where}: ultraserverMode must be one of {', '.join(map(str, SET_SIZES))} "
+                              f"(nodes in the UltraServer set), got {mode!r}")
+        return NeuronConfig(ultraserver_mode=mode)
+    check_fields(params, where, _FIELDS[KIND])
+    check_type(params, where, API_VERSION, KIND, f" or {ULTRASERVER_KIND!r}")
     lnc = params.get("logicalNeuronCore")
     if lnc is not None and (isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in LNC_VALUES):
         raise ConfigError(f"{where}: logicalNeuronCore must be 1 or 2, got {lnc!r}")

@@ -1,10 +1,13 @@
 """The Neuron DRA driver ``neuron.aws.com`` as a profile of the generic DRA core (:mod:`accel_core.dra`).
 
-- devices: one per Neuron device (chip), ``neuron-device-<i>``, with the attributes of :mod:`.attributes`;
+- devices: one per Neuron device (chip), ``neuron-device-<i>``, with the attributes of :mod:`.attributes`; on an
+  UltraServer node also ``neuron-node`` (the node's share, excluding the chips by a shared counter) and the
+  UltraServer node labels (:mod:`.ultraserver`);
 - health: :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors), the rule the Neuron
   device plugin uses too, becomes a taint and the kubelet's
   health stream;
-- config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request;
+- config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request; ``UltraServerConfig``, the
+  UltraServer runtime env for a ``neuron-node`` request;
 - container edits: ``/dev/neuron<i>`` per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of
   the request's devices, numbered as the runtime in the container numbers them: see neuron_dra.runtime_env) and
   ``NEURON_LOGICAL_NC_CONFIG`` when the claim sets it;
@@ -19,11 +22,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from accel_core.awsfacts import ultraserver as us_facts
 from accel_core.dra.profile import RequestEdits, Scan
+from accel_core.dra.slices import CounterSet
 from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
+from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import DRIVER_NAME, device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.dra.guard import blocked_reason
@@ -49,7 +55,22 @@ class NeuronProfile:
         health = {device_name(i): state for i, state in assess(inv).items()}
         summary = {"instance_type": inv.instance_type or None, "topology": inv.topology.kind, "lnc": inv.lnc,
                    "driver_version": inv.driver_version}
-        return Scan(inv, tuple(slice_devices(inv, dra_version)), health, tuple(inv.all_problems()), summary)
+        devices = slice_devices(inv, dra_version)
+        counters: tuple[CounterSet, ...] = ()
+        ids = inv.ultraserver
+        if ids is not None and devices:
+            devices = [replace(d, consumes=us_dra.chip_consumes()) for d in devices]
+            cores = inv.devices[0].core_count
+            memory = inv.devices[0].memory_bytes
+            devices.append(us_dra.node_device(ids, inv.instance_type, inv.driver_version, dra_version,
+                                              len(inv.devices), cores, memory))
+            counters = (us_dra.chip_counters(len(inv.devices)),)
+            bad = [h.reason for h in health.values() if not h.healthy]
+            if bad:  # the node's share is only as good as its worst chip
+                health[us_dra.NODE_DEVICE] = next(h for h in health.values() if not h.healthy)
+            summary = {**summary, "ultraserver": ids.server_id_4, "ultraserver_node": ids.node_id_4}
+        return Scan(inv, tuple(devices), health, tuple(inv.all_problems()), summary, counters=counters,
+                    node_labels=us_facts.node_labels(ids))
 
     def _with_last_known_slots(self, inv: NeuronInventory) -> NeuronInventory:
         devices = []
@@ -78,6 +99,16 @@ class NeuronProfile:
         """``/dev/neuron<i>`` per device (in index order) and the request's NeuronCore env."""
         by_index = {d.index: d for d in inventory.devices}
         indices: list[int] = []
+        whole_node = us_dra.NODE_DEVICE in devices
+        if config.ultraserver_mode is not None and not whole_node:
+            raise ClaimError(f"request {request}: an UltraServerConfig needs the node's {us_dra.NODE_RESOURCE_TYPE} "
+                             f"device ({us_dra.NODE_DEVICE}), but the request got {', '.join(devices)}")
+        if whole_node:
+            if inventory.ultraserver is None:
+                raise ClaimError(f"device {us_dra.NODE_DEVICE} (request {request}): this node is not part of an "
+                                 "UltraServer")
+            devices = [*(d for d in devices if d != us_dra.NODE_DEVICE),
+                       *(device_name(d.index) for d in inventory.devices)]
         for name in devices:
             index = device_index(name)
             if index is None or index not in by_index:
@@ -102,6 +133,12 @@ class NeuronProfile:
         env = [(VISIBLE_CORES_ENV, format_core_list(visible_cores(cores, per_device)))]
         if lnc is not None:
             env.append((LNC_ENV, str(lnc)))
+        if config.ultraserver_mode is not None:
+            env.extend(us_dra.runtime_env(inventory.ultraserver, config.ultraserver_mode, request,
+                                          inventory.instance_type or "this node"))
         edits = {device_name(i): ContainerEdits(device_nodes=(DeviceNode(f"/dev/neuron{i}"),))
                  for i in sorted(indices)}
+        if whole_node:  # one device in the claim: all the node's /dev nodes go with it
+            nodes = tuple(n for e in edits.values() for n in e.device_nodes)
+            edits = {us_dra.NODE_DEVICE: ContainerEdits(device_nodes=nodes)}
         return RequestEdits(edits, ContainerEdits(env=tuple(env)))
