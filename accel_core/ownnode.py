@@ -19,7 +19,8 @@ import logging
 import random
 from collections.abc import Mapping
 
-from lightkube import ApiError, AsyncClient
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.core.exceptions import ConfigError
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
@@ -136,3 +137,14 @@ class OwnNode:
         self._written = (labels, annotations)
         if not self._changed.is_set():
             self.in_sync.set()
+
+
+def optional_client(kubeconfig: str | None, field_manager: str) -> AsyncClient | None:
+    """An API client from ``kubeconfig``, else KUBECONFIG, else the in-cluster config; None (logged) when there is
+    none, so a daemon that only labels its Node runs on without it."""
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        return AsyncClient(config, field_manager=field_manager)
+    except (ConfigError, OSError, ValueError) as exc:
+        log.warning("no usable API server configuration: not updating our Node", extra=kv(error=exc))
+        return None

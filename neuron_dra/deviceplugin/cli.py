@@ -11,6 +11,7 @@ from accel_core.cli import (
     add_common_flags,
     add_logging_flags,
     choice,
+    node_name,
     safe_stdout,
     seconds,
     seconds_or_zero,
@@ -18,7 +19,7 @@ from accel_core.cli import (
 )
 from accel_core.daemon import run_daemon
 from accel_core.logs import setup_logging
-from accel_core.paths import add_path_flags, resolve_paths
+from accel_core.paths import ENV_NODE_NAME, add_path_flags, resolve_paths
 from neuron_dra.deviceplugin import guard
 from neuron_dra.deviceplugin.daemon import ServeOptions, serve
 from neuron_dra.deviceplugin.listing import inventory_report, inventory_table
@@ -44,6 +45,10 @@ def build_parser() -> EnvArgumentParser:
                          default="container",
                          help="NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+, default) or "
                               "host (env NEURON_CORE_NUMBERING)")
+    srv.add_env_argument("--node-name", env=ENV_NODE_NAME, type=node_name, default=None,
+                         help="this node's name, for the UltraServer labels on its Node (env NODE_NAME)")
+    srv.add_argument("--kubeconfig", default=None,
+                     help="kubeconfig for the Node labels (default: KUBECONFIG, then in-cluster; none: no labels)")
     ls = sub.add_parser("ls", help="print the Neuron devices and the resource counts the plugin would advertise")
     add_path_flags(ls)
     ls.add_argument("--output", "-o", choices=["table", "json"], default="table")
@@ -72,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         core_numbering=args.core_numbering,
         metrics_port=args.metrics_port,
         metrics_address=args.metrics_address,
+        node_name=args.node_name,
+        kubeconfig=args.kubeconfig,
     )
     return run_daemon(lambda stop: serve(paths, options, stop), "neuron-device-plugin")
 

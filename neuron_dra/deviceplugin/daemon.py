@@ -8,10 +8,12 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from accel_core.awsfacts import ultraserver
 from accel_core.deviceplugin import DevicePluginPolicy, DevicePluginServer
 from accel_core.deviceplugin.runner import serve_device_plugins
 from accel_core.logs import kv
 from accel_core.metrics import CallbackCollector, serve_metrics
+from accel_core.ownnode import OwnNode, optional_client
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin.edits import CoreNumbering
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
@@ -31,6 +33,9 @@ class ServeOptions:
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     retry_interval: float = 1.0
+    node_name: str | None = None
+    """Our Node, for its labels (None: no labels)."""
+    kubeconfig: str | None = None
 
 
 class Refresher:
@@ -60,6 +65,22 @@ class Refresher:
                 return
 
 
+class NodeLabels:
+    """Keeps the labels this daemon owns on its Node in line with the host after every rescan (add keys here:
+    each ``want`` call names the keys it owns)."""
+
+    def __init__(self, node: NeuronNode, own: OwnNode) -> None:
+        self.node = node
+        self.own = own
+
+    def update(self) -> None:
+        self.own.want(labels=ultraserver.node_labels(self.node.inventory.ultraserver))
+
+    def rediscover(self) -> None:
+        self.node.rediscover()
+        self.update()
+
+
 async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
                 registry: CollectorRegistry | None = None, node: NeuronNode | None = None) -> None:
     """Serve ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore`` until ``stop`` is set.
@@ -79,6 +100,10 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     poller = PodResourcesPoller(paths.pod_resources_socket, node.usage, refresh,
                                 interval=options.pod_resources_interval, registry=registry)
     registry.register(CallbackCollector(NeuronMetrics(node).produce))
+    client = optional_client(options.kubeconfig, "neuron-device-plugin") if options.node_name else None
+    own = OwnNode(client, options.node_name)
+    labelled = NodeLabels(node, own)
+    labelled.update()
     http = serve_metrics(registry, options.metrics_port, options.metrics_address)
     log.info("neuron device plugin starting", extra=kv(**paths.describe(), core_numbering=options.core_numbering,
                                                        rescan_s=options.rescan_interval))
@@ -88,11 +113,15 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     except Exception:  # never fatal: the poller keeps trying
         log.exception("first PodResources List failed")
     poll_task = asyncio.create_task(poller.run(stop))
+    own_task = asyncio.create_task(own.run(stop))
     try:
-        await serve_device_plugins(servers, node.rediscover, node.watch_paths, stop,
+        await serve_device_plugins(servers, labelled.rediscover, node.watch_paths, stop,
                                    rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",))
     finally:
         stop.set()
         await poll_task
+        await own_task
+        if client is not None:
+            await client.close()
         if http is not None:
             http.shutdown()

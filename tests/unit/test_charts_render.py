@@ -33,6 +33,7 @@ from chart_render import (
 )
 
 from accel_core.awsfacts import catalog
+from accel_core.awsfacts.ultraserver import NODE_LABELS
 
 DRA_DS = "neuron-dra-driver-kubelet-plugin"
 DP_DS = "neuron-device-plugin"
@@ -46,6 +47,8 @@ DRA_DRIVER_RULES = {
     (("",), ("nodes",), ()): {"get"},
     (("resource.k8s.io",), ("resourceslices",), ()): {"list", "watch", "create", "update", "delete"},
 }
+#: The Neuron DRA driver also patches its own Node (the UltraServer labels; own-node-policy.yaml limits it).
+NEURON_DRA_DRIVER_RULES = {**DRA_DRIVER_RULES, (("",), ("nodes",), ()): {"get", "patch"}}
 EFA_DRA_DS = "aws-efa-k8s-device-plugin-dra-driver"
 EFA_DRA_ON = ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"]
 
@@ -155,7 +158,7 @@ def test_seed_dra_install_rbac_is_least_privilege(seed_dra: Rendered) -> None:
         (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ()))): set(r["verbs"])
         for r in role["rules"]
     }
-    assert granted == DRA_DRIVER_RULES  # issue 14 item 6; tests/e2e/test_dra_rbac.py proves the rest is refused
+    assert granted == NEURON_DRA_DRIVER_RULES  # issue 14 item 6; tests/e2e/test_dra_rbac.py proves the rest is refused
     binding = seed_dra.get("ClusterRoleBinding", "neuron-dra-driver")
     assert binding["roleRef"]["name"] == "neuron-dra-driver"
     assert binding["subjects"] == [
@@ -220,7 +223,7 @@ def test_seed_device_plugin_install(seed_device_plugin: Rendered) -> None:
     assert ds["spec"]["template"]["metadata"]["labels"]["name"] == "neuron-device-plugin-ds"
     pod = ds["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
-    assert pod["automountServiceAccountToken"] is False
+    assert pod.get("automountServiceAccountToken", True) is True  # it labels its own Node
     tolerated = {t.get("key") for t in pod["tolerations"]}
     assert {"CriticalAddonsOnly", "aws.amazon.com/neuron"} <= tolerated
     c = container(ds)
@@ -239,8 +242,9 @@ def test_seed_device_plugin_install(seed_device_plugin: Rendered) -> None:
     sc = c["securityContext"]
     assert (sc["privileged"], sc["allowPrivilegeEscalation"], sc["capabilities"]) == (False, False, {"drop": ["ALL"]})
     assert seed_device_plugin.all("DeviceClass") == []
-    assert seed_device_plugin.all("ValidatingAdmissionPolicy") == []
-    assert seed_device_plugin.all("ClusterRole") == []  # the plugin never calls the API server
+    assert seed_device_plugin.names("ValidatingAdmissionPolicy") == {"neuron-own-node-keys"}
+    role = seed_device_plugin.get("ClusterRole", "neuron-device-plugin")
+    assert granted_rules(role) == {(("",), ("nodes",), ()): {"get", "patch"}}  # only its Node's labels
     assert seed_device_plugin.all("Namespace") == []
     assert_namespaced(seed_device_plugin)
 
@@ -683,3 +687,16 @@ def test_efa_device_plugin_and_dra_driver_exclude_each_other(helm: Path) -> None
 def test_efa_chart_lints_with_the_dra_driver(helm: Path) -> None:
     out = run_helm(helm, ["lint", "--strict", str(EFA_CHART), *EFA_DRA_ON, "--set", "draDriver.hostNetwork=true"])
     assert "0 chart(s) failed" in out
+
+
+def test_own_node_policy_lists_the_keys_the_daemons_write(helm: Path) -> None:
+    for flags, users in [((), ["neuron-device-plugin"]),
+                         (("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"),
+                          ["neuron-dra-driver-sa"])]:
+        r = template(helm, NEURON_CHART, *flags)
+        spec = r.get("ValidatingAdmissionPolicy", "neuron-own-node-keys")["spec"]
+        assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+        variables = {v["name"]: v["expression"] for v in spec["variables"]}
+        assert json.loads(variables["ownedLabels"]) == list(NODE_LABELS)
+        cond = spec["matchConditions"][0]["expression"]
+        assert all(f":{u}" in cond for u in users) and len(json.loads(cond.split(" in ", 1)[1])) == 1

@@ -169,3 +169,19 @@ spec:
       targetPort: metrics
       protocol: TCP
 {{- end }}
+
+{{/* The Node labels and annotations the Neuron daemons (device plugin or DRA driver) keep on their own Node, as
+     CEL list literals for own-node-policy.yaml. The daemons' lists: accel_core/awsfacts/ultraserver.py
+     NODE_LABELS (tests/unit/test_charts_render.py checks the two agree). Add a key here when a daemon owns one. */}}
+{{- define "neuron.ownedNodeLabels" -}}
+{{ toJson (list
+  "neuron.amazonaws.com/ultraserver-mode"
+  "neuron.amazonaws.com/ultraserver-server-id-2"
+  "neuron.amazonaws.com/ultraserver-node-id-2"
+  "neuron.amazonaws.com/ultraserver-server-id-4"
+  "neuron.amazonaws.com/ultraserver-node-id-4") }}
+{{- end }}
+
+{{- define "neuron.ownedNodeAnnotations" -}}
+{{ toJson (list) }}
+{{- end }}
