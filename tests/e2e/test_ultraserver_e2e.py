@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import Daemon as ConftestDaemon
+from conftest import RealNode
 from dra_support import (
     NEURON,
     REPO,
@@ -32,11 +35,13 @@ from dra_support import (
     call_driver,
     chart_objects,
     make_pod,
+    node_slices,
     pod_bound_kubeconfig,
     pod_node,
     results,
     wait_published,
 )
+from kube_helpers import pod_phase
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -184,37 +189,53 @@ def test_device_plugin_labels_its_own_node_only(control_plane: ControlPlane, kub
 # -- scheduling ------------------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class UsNode:
+    """One trn2u node: node ``index`` of UltraServer ``ultraserver``; a real kubelet (``real``) or a fake Node whose
+    driver the kubelet stand-in calls (``driver``)."""
+
     name: str
     host: FakeHost
-    driver: DriverProcess
     ultraserver: str
     index: int
+    driver: DriverProcess | None = None
+    real: RealNode | None = None
 
 
 @pytest.fixture
 def ultraservers(control_plane: ControlPlane, kube_client: Client, fake_node: FakeNode, short_tmp: Path,
+                 kubelet_node: Callable[..., RealNode], daemon: Callable[..., ConftestDaemon],
                  wait: Wait) -> Iterator[list[UsNode]]:
-    """8 trn2u nodes, nodes 0..3 of UltraServers ``us-a`` and ``us-b``, each with its DRA driver publishing."""
+    """8 trn2u nodes, nodes 0..3 of UltraServers ``us-a`` and ``us-b``, each with its DRA driver publishing. Node 0 of
+    each UltraServer is a real kubelet (so the 4-node workload always has one); the rest use the stand-in."""
     nodes: list[UsNode] = []
     with chart_objects(control_plane, kube_client, CHART, DRA_FLAGS):
         try:
             for us in ("us-a", "us-b"):
-                for k in range(4):
+                real = kubelet_node(TRN2U)
+                real.host.set_ultraserver(fake_ids(us, 0))
+                daemon("neuron-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1",
+                       "--rescan-interval", "1", env=real.env(POD_UID=f"dra-{us}"))
+                nodes.append(UsNode(real.name, real.host, us, 0, real=real))
+                for k in range(1, 4):
                     name = fake_node(labels={INSTANCE_TYPE: TRN2U})
                     root = short_tmp / f"{us}-{k}"
                     host = build_host(root / "host", TRN2U, ultraserver_id=us, ultraserver_node=k)
                     driver = DriverProcess(NEURON, root, name,
                                            pod_bound_kubeconfig(control_plane, kube_client, NEURON, name, wait))
                     driver.start()
-                    nodes.append(UsNode(name, host, driver, us, k))
+                    nodes.append(UsNode(name, host, us, k, driver=driver))
             for n in nodes:
-                wait_published(kube_client, n.driver, 17, wait)
+                if n.driver is not None:
+                    wait_published(kube_client, n.driver, 17, wait)
+                else:
+                    wait(lambda n=n: sum(len(s["spec"].get("devices") or [])
+                                         for s in node_slices(kube_client, n.name, NEURON.driver)) == 17,
+                         f"17 devices published for the real kubelet node {n.name}")
                 wait(lambda n=n: ultraserver_labels(kube_client, n.name) == expected_labels(n.host),
                      f"UltraServer labels on {n.name}")
             yield nodes
         finally:
             for n in nodes:
-                if n.driver.running():
+                if n.driver is not None and n.driver.running():
                     n.driver.stop()
                 with contextlib.suppress(ApiError):
                     kube_client.delete(Pod, f"neuron-driver-{n.name}"[:63], namespace=NEURON.namespace,
@@ -247,20 +268,44 @@ def placed(client: Client, namespace: str, pods: list[str], by_name: dict[str, U
     return found
 
 
+def container_edits(cdi_root: Path, names: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """(device nodes, env) the runtime applies for the CDI device names the kubelet gave a container."""
+    specs = [json.loads(p.read_text()) for p in cdi_root.glob("*.json")]
+    nodes: list[str] = []
+    env: dict[str, str] = {}
+    for qualified in names:
+        kind, _, dev = qualified.partition("=")
+        (match,) = [d for s in specs if s["kind"] == kind for d in s["devices"] if d["name"] == dev]
+        nodes += [n["path"] for n in match["containerEdits"].get("deviceNodes", [])]
+        env.update(e.split("=", 1) for e in match["containerEdits"].get("env", []))
+    return nodes, env
+
+
 def prepare_on_nodes(client: Client, namespace: str, where: dict[str, UsNode], wait: Wait,
                      ) -> dict[str, dict[str, str]]:
-    """Each pod's claim: allocated on its own node's neuron-node device, prepared there; returns each pod's env."""
+    """Each pod's claim: allocated on its own node's neuron-node device and prepared there (by the real kubelet,
+    which then starts the container, or through the stand-in); returns what each pod's container gets."""
     envs = {}
     for pod, n in where.items():
         claim = allocated_claim(client, namespace, wait, pod=pod)
         assert {(r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]} == {
             (n.name, "neuron-node")}
-        resp = call_driver(KubeletStandIn(n.driver.kubelet_root), NEURON.driver, claim)
-        entry = resp[claim["metadata"]["uid"]]
-        assert entry.error == "", entry.error
-        envs[pod] = cdi_env(n.driver, claim)
-        assert len([p for d in n.driver.cdi_spec(claim["metadata"]["uid"])["devices"]  # type: ignore[index]
-                    for p in d["containerEdits"].get("deviceNodes", [])]) == 16
+        if n.real is not None:
+            real = n.real
+            wait(lambda p=pod: pod_phase(client, namespace, p) == "Running", f"{pod} Running on {n.name}",
+                 timeout=120)
+            (ctr,) = real.kubelet.containers(pod, namespace)
+            devices, envs[pod] = container_edits(real.kubelet.layout.cdi_root, ctr.cdi_devices)
+        else:
+            assert n.driver is not None
+            resp = call_driver(KubeletStandIn(n.driver.kubelet_root), NEURON.driver, claim)
+            entry = resp[claim["metadata"]["uid"]]
+            assert entry.error == "", entry.error
+            spec = n.driver.cdi_spec(claim["metadata"]["uid"])
+            assert spec is not None
+            devices = [p["path"] for d in spec["devices"] for p in d["containerEdits"].get("deviceNodes", [])]
+            envs[pod] = cdi_env(n.driver, claim)
+        assert sorted(devices) == sorted(f"/dev/neuron{i}" for i in range(16))  # trn2u: 16 chips per node
     return envs
 
 
@@ -272,6 +317,7 @@ def test_ultraserver_workloads_land_in_one_set(kube_client: Client, ultraservers
     where4 = placed(kube_client, namespace, pods4, by_name, wait)
     chosen = {n.ultraserver for n in where4.values()}
     assert len(chosen) == 1, f"the 4 pods span UltraServers: {where4}"
+    assert any(n.real is not None for n in where4.values()), "node 0 of each UltraServer runs a real kubelet"
     assert sorted(n.index for n in where4.values()) == [0, 1, 2, 3]
     envs = prepare_on_nodes(kube_client, namespace, where4, wait)
     for pod, n in where4.items():
