@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from accel_core.awsfacts import ultraserver
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
 from neuron_dra.discovery import NeuronInventory
 
@@ -39,9 +40,28 @@ def inventory_report(inv: NeuronInventory, blocked: str | None = None) -> dict[s
         "topology": inv.topology.kind,
         "resources": {NEURON: len(inv.devices), NEURONCORE: inv.total_logical_cores()},
         "advertising_blocked": blocked,
+        "ultraserver": _ultraserver_report(inv),
+        "node_labels": {k: v for k, v in ultraserver.node_labels(inv.ultraserver).items() if v is not None},
         "devices": devices,
         "problems": list(inv.problems),
     }
+
+
+def _ultraserver_report(inv: NeuronInventory) -> dict[str, Any] | None:
+    ids = inv.ultraserver
+    if ids is None:
+        return None
+    return {"server_id_2": ids.server_id_2, "node_id_2": ids.node_id_2, "server_id_4": ids.server_id_4,
+            "node_id_4": ids.node_id_4, "modes": list(ids.modes), "busy": ids.busy, "set_sizes": list(ids.set_sizes())}
+
+
+def _ultraserver_line(inv: NeuronInventory) -> str:
+    ids = inv.ultraserver
+    if ids is None:
+        return "ultraserver: none"
+    modes = "busy (election running)" if ids.busy else ultraserver.mode_label(ids.set_sizes()) or "none"
+    return (f"ultraserver: server-id-4 {ids.server_id_4} node-id-4 {ids.node_id_4}, server-id-2 {ids.server_id_2} "
+            f"node-id-2 {ids.node_id_2}, set sizes {modes}")
 
 
 def _memory(nbytes: int) -> str:
@@ -75,6 +95,7 @@ def inventory_table(inv: NeuronInventory, blocked: str | None = None) -> str:
         f"driver-version: {inv.driver_version or 'unknown'}",
         f"logical-nc-config: {inv.lnc if inv.lnc_applies else 'n/a'}",
         f"topology: {inv.topology.kind}",
+        _ultraserver_line(inv),
     ]
     if rows:
         out += [rule, line([h[0] for h in header]), line([h[1] for h in header]), rule,
