@@ -305,6 +305,10 @@ def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fa
         docs = helm.manifest("neuron-helm-chart", "default")
         assert {(d["kind"], d["metadata"]["name"]) for d in docs} == {
             ("ServiceAccount", "neuron-device-plugin"),
+            ("ClusterRole", "neuron-device-plugin"),  # its own Node's UltraServer labels only
+            ("ClusterRoleBinding", "neuron-device-plugin"),
+            ("ValidatingAdmissionPolicy", "neuron-own-node-keys"),
+            ("ValidatingAdmissionPolicyBinding", "neuron-own-node-keys"),
             ("Service", "neuron-device-plugin-metrics"),
             ("DaemonSet", "neuron-device-plugin"),
         }
