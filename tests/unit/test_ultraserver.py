@@ -31,6 +31,7 @@ from accel_core.fakehost import FakeHost, FakeHostError, build_host, cli
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin.listing import inventory_report, inventory_table
 from neuron_dra.discovery import discover
+from neuron_dra.dra import cli as dra_cli
 from neuron_dra.dra.config import NeuronConfig, configs_for_requests
 from neuron_dra.dra.profile import NeuronProfile
 
@@ -263,3 +264,14 @@ def test_device_plugin_listing_shows_the_ultraserver(tmp_path: Path) -> None:
     standalone = discover(HostPaths(build_host(tmp_path / "s", "trn2u.48xlarge").root))
     assert inventory_report(standalone)["ultraserver"] is None
     assert "ultraserver: none" in inventory_table(standalone)
+
+
+def test_slices_command_prints_the_node_device_and_its_counter(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    host = us_host(tmp_path, 3)
+    assert dra_cli.main(["slices", "--host-root", str(host.root), "--node-name", "n1"]) == 0
+    slices = json.loads(capsys.readouterr().out)
+    assert slices[0]["spec"]["sharedCounters"] == [{"name": "neuron-chips", "counters": {"chips": {"value": "16"}}}]
+    (node,) = [d for s in slices[1:] for d in s["spec"]["devices"] if d["name"] == "neuron-node"]
+    assert node["attributes"]["nodeId4"] == {"int": 3}
+    assert node["attributes"]["serverId4"] == {"string": class_attrs(host.root)["server_id_4"].strip()}
