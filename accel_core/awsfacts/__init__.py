@@ -5,6 +5,8 @@
 - :mod:`~accel_core.awsfacts.neuron_efa`: the AWS Neuron-to-EFA tables and the ``devicegroup{1,4,8,16}_id``
   hashing that both DRA drivers publish and the EFA device plugin uses for Neuron proximity;
 - :mod:`~accel_core.awsfacts.neuron`: per Neuron architecture, NeuronCores, memory and device names.
+- :mod:`~accel_core.awsfacts.ultraserver`: UltraServer (trn2u) class attributes, node labels, modes and runtime env
+  names, and the ids a fake UltraServer node reports.
 
 Pure data and pure functions: no host reads, no Kubernetes. The fake host builds trees from these facts, and
 production code reads them as fallbacks and lookup tables; nothing here imports the fake host or the dev tools.
