@@ -65,9 +65,9 @@ class NeuronProfile:
             devices.append(us_dra.node_device(ids, inv.instance_type, inv.driver_version, dra_version,
                                               len(inv.devices), cores, memory))
             counters = (us_dra.chip_counters(len(inv.devices)),)
-            bad = [h.reason for h in health.values() if not h.healthy]
-            if bad:  # the node's share is only as good as its worst chip
-                health[us_dra.NODE_DEVICE] = next(h for h in health.values() if not h.healthy)
+            sick = next((h for h in health.values() if not h.healthy), None)
+            if sick is not None:  # the node's share is only as good as its worst chip
+                health[us_dra.NODE_DEVICE] = sick
             summary = {**summary, "ultraserver": ids.server_id_4, "ultraserver_node": ids.node_id_4}
         return Scan(inv, tuple(devices), health, tuple(inv.all_problems()), summary, counters=counters,
                     node_labels=us_facts.node_labels(ids))
