@@ -24,6 +24,14 @@ def _neurons(paths: list[str]) -> set[int]:
     return {int(p.removeprefix("/dev/neuron")) for p in paths}
 
 
+def _registrations(node: RealNode, resource: str) -> int:
+    """How often the running kubelet accepted a Register of ``resource`` (its own log line, counted after the header
+    line the rig writes when it starts a kubelet), so a test can wait for the kubelet to know a new plugin process,
+    not just read an allocatable figure the old process left behind."""
+    text = node.kubelet.kubelet_log.read_text(errors="replace").rpartition("\n--- ")[2]
+    return text.count(f'"Got registration request from device plugin with resource" resourceName="{resource}"')
+
+
 def test_neuron_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
         kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, namespace: str, wait: Wait) -> None:
     node = kubelet_node("trn2.48xlarge")
@@ -37,8 +45,11 @@ def test_neuron_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
     node.kubelet.restart_kubelet()
     node.kubelet.wait_ready(timeout=120)
     wait(lambda: allocatable(kube_client, node.name, NEURON) == 16, "the plugin registered again", timeout=60)
+    seen = {r: _registrations(node, r) for r in (NEURON, NEURONCORE)}
     plugin.stop()
     daemon("neuron-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    wait(lambda: all(_registrations(node, r) > n for r, n in seen.items()), "the new plugin process registered",
+         timeout=60)
     # The new plugin process learns from PodResources that the first pod's 4 devices (16 cores) are taken.
     wait(lambda: allocatable(kube_client, node.name, NEURONCORE) == 64 - 16, "the held cores withdrawn again",
          timeout=60)
@@ -64,6 +75,7 @@ def test_efa_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
     daemon("efa-device-plugin", "serve", "--metrics-port", "0", env=node.env())
     node.kubelet.restart_kubelet()
     node.kubelet.wait_ready(timeout=120)
+    wait(lambda: _registrations(node, EFA) > 0, "the plugin registered with the new kubelet", timeout=60)
     wait(lambda: allocatable(kube_client, node.name, EFA) == 32, "the plugin registered again", timeout=60)
 
     assert pod_phase(kube_client, namespace, "first") == "Running"
