@@ -9,7 +9,8 @@ adds only what the node cannot have reported yet, and keeps nothing that could g
 
 Both are placed with the device plugin's own policy, in creation order, before the pod in question. A node without
 an annotation (device plugin not publishing yet) passes with the lowest score: a restart or a reinstall of either
-side never blocks scheduling.
+side never blocks scheduling. IDs of a deleted pod count as free only once the node reports them free: until then
+the kubelet would not hand them out either.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class Decider:
         if isinstance(usage, str):
             return Verdict(node, True, 0, "", usage)
         state = NodeState.from_usage(usage)
-        extras = [p for p in self.bound.get(node, {}).values() if p.uid != pod.uid and p.key not in usage.pods]
+        here = self.bound.get(node, {})
+        extras = [p for p in here.values() if p.uid != pod.uid and p.key not in usage.pods]
         extras += [r.pod for r in reservations if node in r.nodes and r.pod.uid != pod.uid]
         added = []
         for other in sorted(extras, key=lambda p: (p.created, p.key)):

@@ -94,6 +94,9 @@ class ExtenderService:
         pod, answer, verdicts = self.decider.filter(args, reservations)
         self._count(verdicts)
         passed = [v.node for v in verdicts if v.fits]
+        log.info("filter", extra=kv(pod=pod.key, passed=",".join(passed) or None,
+                                    failed="; ".join(f"{v.node}: {v.reason}" for v in verdicts if not v.fits) or None,
+                                    counted=",".join(sorted({a for v in verdicts for a in v.added})) or None))
         return json.dumps(answer).encode(), pod, passed
 
     def _count(self, verdicts: list[Verdict]) -> None:
@@ -111,7 +114,12 @@ class ExtenderService:
         while not stop.is_set():
             try:
                 self.decider.reset_index()
-                async for op, obj in self.client.watch(Pod, namespace="*", fields={"spec.nodeName": not_equal("")}):
+                listing = self.client.list(Pod, namespace="*", fields={"spec.nodeName": not_equal("")})
+                async for obj in listing:
+                    self._apply("ADDED", obj.to_dict())
+                log.info("pod index ready", extra=kv(bound=sum(len(p) for p in self.decider.bound.values())))
+                async for op, obj in self.client.watch(Pod, namespace="*", fields={"spec.nodeName": not_equal("")},
+                                                       resource_version=listing.resourceVersion):
                     backoff = 0.5
                     self._apply(op, obj.to_dict())
                     if stop.is_set():
