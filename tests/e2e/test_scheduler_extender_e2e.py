@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from chart_render import NEURON_CHART, find_or_build_helm, template
 from conftest import Daemon, RealNode
 from kube_helpers import NEURON, NEURONCORE, allocatable, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client
@@ -56,26 +57,14 @@ def _free_port() -> int:
 
 
 def scheduler_config(kubeconfig: Path, extender_port: int) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration like the chart's: profile my-scheduler, the extender managing both resources."""
-    return {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": "my-scheduler"}],
-        "extenders": [{
-            "urlPrefix": f"http://127.0.0.1:{extender_port}",
-            "filterVerb": "filter",
-            "prioritizeVerb": "prioritize",
-            "weight": 10,
-            "enableHTTPS": False,
-            "nodeCacheCapable": False,
-            "ignorable": False,
-            "httpTimeout": "10s",
-            "managedResources": [{"name": NEURON, "ignoredByScheduler": False},
-                                 {"name": NEURONCORE, "ignoredByScheduler": False}],
-        }],
-    }
+    """The chart's KubeSchedulerConfiguration (scheduler.enabled=true), pointed at this cluster and this extender."""
+    rendered = template(find_or_build_helm(), NEURON_CHART, "--set", "scheduler.enabled=true")
+    config: dict[str, Any] = yaml.safe_load(rendered.get("ConfigMap", "my-scheduler-config")["data"]["config.yaml"])
+    (ext,) = config["extenders"]
+    assert ext["urlPrefix"].startswith("http://neuron-scheduler-extender.")
+    ext["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    return config
 
 
 @pytest.fixture
