@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from neuron_dra.topology import KINDS, Topology, TopologyKind
@@ -53,7 +54,7 @@ class DeviceUsage:
 
     def topology(self) -> Topology:
         kind = self.topology_kind if (self.topology_kind != "torus4x4" or self.devices == 16) else "none"
-        return Topology.regular(kind, self.devices, source="device-usage annotation")
+        return _topology(kind, self.devices)
 
     def content(self) -> dict[str, Any]:
         """Everything but ``generation`` and ``updated`` (what decides whether a new version is due)."""
@@ -69,6 +70,12 @@ class DeviceUsage:
         doc = {"v": SCHEMA_VERSION, "generation": self.generation, "updated": round(self.updated, 3),
                **self.content()}
         return json.dumps(doc, separators=(",", ":"))
+
+
+@lru_cache(maxsize=64)
+def _topology(kind: TopologyKind, devices: int) -> Topology:
+    """One shared Topology per shape (it caches its candidate sets)."""
+    return Topology.regular(kind, devices, source="device-usage annotation")
 
 
 def _int_list(doc: Mapping[str, Any], key: str, limit: int, where: str) -> frozenset[int]:

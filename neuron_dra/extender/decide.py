@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("Succeeded", "Failed")
 PARSE_CACHE = 4096
+PLACEMENT_CACHE = 16384
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Decider:
         self._where: dict[str, str] = {}
         self.reservations: dict[str, Reservation] = {}
         self._parsed: OrderedDict[str, DeviceUsage | str] = OrderedDict()
+        self._placed: OrderedDict[tuple[object, ...], tuple[Placement, int]] = OrderedDict()
 
     # -- the pod index (fed by the pod watch) --------------------------------------------------------------------
     def pod_seen(self, pod: PodInfo) -> None:
@@ -131,10 +133,24 @@ class Decider:
             if res.ok:
                 state = res.state
                 added.append(other.key)
-        result = place(state, pod.requests)
+        result, points = self._place(state, pod)
         if not result.ok:
             return Verdict(node, False, 0, result.reason, result.detail, result, tuple(added))
-        return Verdict(node, True, score(state, result.state), "", "", result, tuple(added))
+        return Verdict(node, True, points, "", "", result, tuple(added))
+
+    def _place(self, state: NodeState, pod: PodInfo) -> tuple[Placement, int]:
+        """Placement and score, cached by node state and request (many nodes are in the same state)."""
+        top = state.topology
+        key = (top.kind, top.device_count, state.cores_per_device, state.used_devices, state.used_cores,
+               state.unhealthy, pod.requests)
+        hit = self._placed.get(key)
+        if hit is None:
+            result = place(state, pod.requests)
+            hit = (result, score(state, result.state) if result.ok else 0)
+            self._placed[key] = hit
+            if len(self._placed) > PLACEMENT_CACHE:
+                self._placed.popitem(last=False)
+        return hit
 
     def decide(self, args: Any, reservations: Sequence[Reservation]) -> tuple[PodInfo, list[tuple[Any, Verdict]]]:
         """Parse ExtenderArgs and judge every node it lists (BadInput on a malformed body)."""
