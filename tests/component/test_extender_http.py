@@ -60,6 +60,10 @@ def test_verbs_and_hostile_requests() -> None:
             await _request(port, _post("/explain", good)),
         ]
         await server.close()
+        counts = {(s.labels["verb"], s.labels["result"]): s.value for m in registry.collect() for s in m.samples
+                  if s.name == "neuron_scheduler_extender_requests_total"}
+        assert counts[("filter", "ok")] == 1 and counts[("filter", "bad_request")] == 3
+        assert counts[("prioritize", "ok")] == 1
         return out
 
     (flt, pri, notjson, deep, badpod, huge, nolen, get, nonsense, health, explained) = asyncio.run(main())

@@ -9,9 +9,11 @@ up/down/left/right with wrap-around; trn2 has 4 logical cores per device at LNC 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from chart_render import NEURON_CHART, find_or_build_helm, template
-from conftest import Daemon, RealNode
+from conftest import Daemon, RealNode, console_script
 from kube_helpers import NEURON, NEURONCORE, allocatable, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
@@ -146,7 +148,8 @@ def delete(client: Client, namespace: str, *pods: str) -> None:
 
 def test_extender_places_only_connected_sets_with_the_real_scheduler(
         kubelet_node: Callable[..., RealNode], daemon: Callable[..., Daemon], kube_client: Client,
-        control_plane: ControlPlane, my_scheduler: Callable[[int], None], namespace: str, wait: Wait) -> None:
+        control_plane: ControlPlane, my_scheduler: Callable[[int], None], namespace: str, wait: Wait,
+        tmp_path: Path) -> None:
     trn2 = kubelet_node("trn2.48xlarge")
     trn1 = kubelet_node("trn1.32xlarge")
     nodes = {trn2.name: trn2, trn1.name: trn1}
@@ -196,6 +199,14 @@ def test_extender_places_only_connected_sets_with_the_real_scheduler(
     message = wait(lambda: unschedulable_message(kube_client, namespace, "wide"), "wide reported unschedulable")
     assert "no free connected set of 4 aws.amazon.com/neuron devices" in message, message
     assert node_of(kube_client, namespace, "wide") == ""
+    # explain says the same for people, with the free devices that hold no row.
+    manifest = tmp_path / "wide.yaml"
+    manifest.write_text(yaml.safe_dump(kube_client.get(Pod, "wide", namespace=namespace).to_dict()))
+    answer = subprocess.run([sys.executable, *console_script("neuron-scheduler-extender"), "explain", "--node",
+                             trn2.name, "--pod", str(manifest)], env={**os.environ, **env}, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert answer.returncode == 1, answer.stderr
+    assert "does not fit" in answer.stdout and "no free connected set of 4" in answer.stdout, answer.stdout
 
     # 3. Free a row on trn1: the waiting pod gets exactly that row.
     freed_row = 1
