@@ -308,17 +308,12 @@ def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fa
         docs = helm.manifest("neuron-helm-chart", "default")
         assert {(d["kind"], d["metadata"]["name"]) for d in docs} == {
             ("ServiceAccount", "neuron-device-plugin"),
-            ("ClusterRole", "neuron-device-plugin"),  # its own Node's UltraServer labels only
+            ("ClusterRole", "neuron-device-plugin"),  # its own Node's UltraServer labels and device-usage only
             ("ClusterRoleBinding", "neuron-device-plugin"),
             ("ValidatingAdmissionPolicy", "neuron-own-node-keys"),
             ("ValidatingAdmissionPolicyBinding", "neuron-own-node-keys"),
             ("Service", "neuron-device-plugin-metrics"),
             ("DaemonSet", "neuron-device-plugin"),
-            # publishing the device-usage annotation on its own Node
-            ("ClusterRole", "neuron-device-plugin"),
-            ("ClusterRoleBinding", "neuron-device-plugin"),
-            ("ValidatingAdmissionPolicy", "neuron-device-plugin-own-node"),
-            ("ValidatingAdmissionPolicyBinding", "neuron-device-plugin-own-node"),
         }
         assert_all_present(kube_client, docs)
         kube_client.get(DaemonSet, "neuron-device-plugin", namespace="kube-system")
