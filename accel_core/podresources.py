@@ -16,3 +16,16 @@ def devices_in_use(response: pr.ListPodResourcesResponse, resources: Iterable[st
                 if dev.resource_name in out:
                     out[dev.resource_name].update(dev.device_ids)
     return out
+
+
+def devices_by_pod(response: pr.ListPodResourcesResponse, resources: Iterable[str]) -> dict[str, dict[str, set[str]]]:
+    """``namespace/name`` -> resource -> IDs its containers hold, for pods holding any of the given resources."""
+    wanted = set(resources)
+    out: dict[str, dict[str, set[str]]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for dev in container.devices:
+                if dev.resource_name in wanted:
+                    held = out.setdefault(f"{pod.namespace}/{pod.name}", {})
+                    held.setdefault(dev.resource_name, set()).update(dev.device_ids)
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.node import NeuronNode
 from neuron_dra.deviceplugin.podresources import PodResourcesPoller
 from neuron_dra.deviceplugin.policy import NeuronCorePolicy, NeuronDevicePolicy, PolicyMetrics
+from neuron_dra.deviceplugin.publish import UsagePublisher
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
                 registry: CollectorRegistry | None = None, node: NeuronNode | None = None) -> None:
     """Serve ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore`` until ``stop`` is set.
 
-    ``node`` may be passed in to inspect the shared state (tests, benchmarks).
+    ``node`` may be passed in to inspect the shared state (tests, benchmarks). What is in use is published on our
+    Node as the device-usage annotation after every change (publish.py), next to the labels.
     """
     registry = registry if registry is not None else CollectorRegistry()
     if node is None:
@@ -96,14 +99,16 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
                for policy in policies]
     refresh = Refresher(servers)
-    node.on_change = refresh
-    poller = PodResourcesPoller(paths.pod_resources_socket, node.usage, refresh,
-                                interval=options.pod_resources_interval, registry=registry)
-    registry.register(CallbackCollector(NeuronMetrics(node).produce))
     client = optional_client(options.kubeconfig, "neuron-device-plugin") if options.node_name else None
     own = OwnNode(client, options.node_name)
     labelled = NodeLabels(node, own)
     labelled.update()
+    usage = UsagePublisher(node, own)
+    usage.publish()
+    on_change = node.on_change = _then(refresh, usage.publish)
+    poller = PodResourcesPoller(paths.pod_resources_socket, node.usage, on_change,
+                                interval=options.pod_resources_interval, registry=registry)
+    registry.register(CallbackCollector(NeuronMetrics(node).produce))
     http = serve_metrics(registry, options.metrics_port, options.metrics_address)
     log.info("neuron device plugin starting", extra=kv(**paths.describe(), core_numbering=options.core_numbering,
                                                        rescan_s=options.rescan_interval))
@@ -115,7 +120,7 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     poll_task = asyncio.create_task(poller.run(stop))
     own_task = asyncio.create_task(own.run(stop))
     try:
-        await serve_device_plugins(servers, labelled.rediscover, node.watch_paths, stop,
+        await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
                                    rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",))
     finally:
         stop.set()
@@ -125,3 +130,10 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
             await client.close()
         if http is not None:
             http.shutdown()
+
+
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+    return both

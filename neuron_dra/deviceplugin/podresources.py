@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
-from accel_core.podresources import devices_in_use
+from accel_core.podresources import devices_by_pod, devices_in_use
 from neuron_dra.deviceplugin.usage import RESOURCES, UsageTracker
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class PodResourcesPoller:
         if self._last_error:
             log.info("PodResources List works again", extra=kv(socket=str(self._socket)))
             self._last_error = ""
-        if self._usage.apply_list(in_use_from(resp)):
+        if self._usage.apply_list(in_use_from(resp), devices_by_pod(resp, RESOURCES)):
             self._on_change()
         return True
 

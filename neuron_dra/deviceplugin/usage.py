@@ -42,6 +42,8 @@ class UsageTracker:
         self._clock = clock
         self._listed: dict[str, frozenset[str]] = {r: frozenset() for r in RESOURCES}
         self._pending: list[_Pending] = []
+        #: ``namespace/name`` -> resource -> IDs, as the latest successful List attributes them
+        self.pods: dict[str, dict[str, frozenset[str]]] = {}
         self.list_ok: bool | None = None
         self.version = 0
 
@@ -49,9 +51,13 @@ class UsageTracker:
         self._pending.append(_Pending(resource, frozenset(ids), self._clock()))
         self.version += 1
 
-    def apply_list(self, listed: Mapping[str, Iterable[str]]) -> bool:
-        """Take a successful List result; returns True when the in-use sets changed."""
-        before = self.snapshot()
+    def apply_list(self, listed: Mapping[str, Iterable[str]],
+                   pods: Mapping[str, Mapping[str, Iterable[str]]] | None = None) -> bool:
+        """Take a successful List result (and its per-pod view); returns True when the in-use sets or the pods
+        holding them changed."""
+        before = (self.snapshot(), self.pods)
+        if pods is not None:
+            self.pods = {p: {r: frozenset(ids) for r, ids in res.items()} for p, res in pods.items()}
         self._listed = {r: frozenset(listed.get(r, ())) for r in RESOURCES}
         now = self._clock()
         kept: list[_Pending] = []
@@ -66,7 +72,7 @@ class UsageTracker:
             kept.append(rec)
         self._pending = kept
         self.list_ok = True
-        changed = self.snapshot() != before
+        changed = (self.snapshot(), self.pods) != before
         if changed:
             self.version += 1
         return changed

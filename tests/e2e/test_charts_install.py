@@ -27,9 +27,9 @@ from chart_render import (
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.core.resource import GlobalResource, NamespacedResource
 from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding
-from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
 from accel_core.devtools.controlplane import ControlPlane
@@ -45,6 +45,9 @@ OWN_NODE_ONLY = "may only write ResourceSlices of its own node"
 
 KINDS: dict[str, type[GlobalResource] | type[NamespacedResource]] = {
     "DaemonSet": DaemonSet,
+    "Deployment": Deployment,
+    "Role": Role,
+    "RoleBinding": RoleBinding,
     "ServiceAccount": ServiceAccount,
     "Service": Service,
     "ConfigMap": ConfigMap,
@@ -305,7 +308,7 @@ def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fa
         docs = helm.manifest("neuron-helm-chart", "default")
         assert {(d["kind"], d["metadata"]["name"]) for d in docs} == {
             ("ServiceAccount", "neuron-device-plugin"),
-            ("ClusterRole", "neuron-device-plugin"),  # its own Node's UltraServer labels only
+            ("ClusterRole", "neuron-device-plugin"),  # its own Node's UltraServer labels and device-usage only
             ("ClusterRoleBinding", "neuron-device-plugin"),
             ("ValidatingAdmissionPolicy", "neuron-own-node-keys"),
             ("ValidatingAdmissionPolicyBinding", "neuron-own-node-keys"),
@@ -340,6 +343,20 @@ def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fa
     assert "neuron-device-plugin" not in {
         as_dict(d)["metadata"]["name"] for d in kube_client.list(DaemonSet, namespace="kube-system")
     }
+
+
+def test_install_with_my_scheduler(kube_client: Client, helm: Helm, wait: Wait) -> None:
+    """scheduler.enabled: the API server accepts every object (RBAC role references, the Deployments, the
+    scheduler configuration), and they are all there."""
+    with uninstalled_after(helm, "neuron-sched", "default"):
+        helm("install", "neuron-sched", str(NEURON_CHART), "--namespace", "default", "--set", "npd.enabled=false",
+             "--set", "devicePlugin.enabled=false", "--set", "scheduler.enabled=true")  # fmt: skip
+        docs = helm.manifest("neuron-sched", "default")
+        names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        assert {("Deployment", "my-scheduler"), ("Deployment", "neuron-scheduler-extender"),
+                ("Service", "neuron-scheduler-extender"), ("ConfigMap", "my-scheduler-config"),
+                ("ClusterRole", "neuron-scheduler-extender")} <= names
+        assert_all_present(kube_client, docs)
 
 
 def test_efa_install_selects_pods_by_the_documented_label(

@@ -183,5 +183,6 @@ spec:
 {{- end }}
 
 {{- define "neuron.ownedNodeAnnotations" -}}
-{{ toJson (list) }}
+{{ toJson (list
+  "neuron.amazonaws.com/device-usage") }}
 {{- end }}

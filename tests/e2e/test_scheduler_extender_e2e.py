@@ -1,0 +1,276 @@
+"""neuron-scheduler-extender behind a second REAL kube-scheduler (``my-scheduler``, the name the AWS documents use),
+on real kubelet nodes (trn2.48xlarge and trn1.32xlarge fake hosts) whose Neuron device plugins publish their usage.
+
+Expected values come from AWS's descriptions, not from our code: both instances have 16 devices in a 4x4 torus,
+device i at row i/4; a connected set of 4 devices is one torus row (0-3, 4-7, 8-11, 12-15); neighbours are
+up/down/left/right with wrap-around; trn2 has 4 logical cores per device at LNC 2, trn1 has 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_render import NEURON_CHART, find_or_build_helm, template
+from conftest import Daemon, RealNode, console_script
+from kube_helpers import NEURON, NEURONCORE, allocatable, create_pod, pod_gone, pod_phase
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Node, Pod
+
+from accel_core.devtools.controlplane import ControlPlane
+
+Wait = Callable[..., Any]
+USAGE = "neuron.amazonaws.com/device-usage"
+ROWS = [set(range(r * 4, r * 4 + 4)) for r in range(4)]
+
+
+def torus_neighbours(i: int) -> set[int]:
+    row, col = divmod(i, 4)
+    return {((row - 1) % 4) * 4 + col, ((row + 1) % 4) * 4 + col, row * 4 + (col - 1) % 4, row * 4 + (col + 1) % 4}
+
+
+def connected(devices: set[int]) -> bool:
+    """Connected on the 4x4 torus, by the neighbour definition above."""
+    if len(devices) <= 1:
+        return True
+    start = next(iter(devices))
+    seen, todo = {start}, [start]
+    while todo:
+        for j in torus_neighbours(todo.pop()):
+            if j in devices and j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return seen == devices
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scheduler_config(kubeconfig: Path, extender_port: int) -> dict[str, Any]:
+    """The chart's KubeSchedulerConfiguration (scheduler.enabled=true), pointed at this cluster and this extender."""
+    rendered = template(find_or_build_helm(), NEURON_CHART, "--set", "scheduler.enabled=true")
+    config: dict[str, Any] = yaml.safe_load(rendered.get("ConfigMap", "my-scheduler-config")["data"]["config.yaml"])
+    (ext,) = config["extenders"]
+    assert ext["urlPrefix"].startswith("http://neuron-scheduler-extender.")
+    ext["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    return config
+
+
+@pytest.fixture
+def my_scheduler(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[[int], None]]:
+    """Factory: start the real kube-scheduler as ``my-scheduler`` calling the extender on ``port``."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(extender_port: int) -> None:
+        config = tmp_path / "my-scheduler.yaml"
+        config.write_text(yaml.safe_dump(scheduler_config(control_plane.state_dir / "scheduler.kubeconfig",
+                                                          extender_port)))
+        log = (tmp_path / "my-scheduler.log").open("ab")
+        kubeconfig = control_plane.state_dir / "scheduler.kubeconfig"
+        procs.append(subprocess.Popen(
+            [str(control_plane.binary("kube-scheduler")), f"--config={config}", "--bind-address=127.0.0.1",
+             f"--secure-port={_free_port()}", f"--authentication-kubeconfig={kubeconfig}",
+             f"--authorization-kubeconfig={kubeconfig}", f"--cert-dir={tmp_path / 'my-scheduler-certs'}", "--v=2"],
+            stdout=log, stderr=subprocess.STDOUT))
+
+    yield start
+    log = tmp_path / "my-scheduler.log"
+    if log.exists():  # shown with the test's output when it fails
+        print("my-scheduler log (tail):\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+    for p in procs:
+        p.terminate()
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def my_pod(client: Client, namespace: str, name: str, limits: dict[str, str]) -> None:
+    client.create(Pod.from_dict({  # type: ignore[call-overload]
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"schedulerName": "my-scheduler", "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "c", "image": "public.ecr.aws/docker/library/busybox:latest",
+                                 "resources": {"limits": limits}}]}}))
+
+
+def devices_of(node: RealNode, namespace: str, pod: str) -> set[int]:
+    (ctr,) = node.kubelet.containers(pod, namespace)
+    out = set()
+    for path in ctr.device_paths:
+        m = re.fullmatch(r"/dev/neuron(\d+)", path)
+        assert m, path
+        out.add(int(m.group(1)))
+    return out
+
+
+def node_of(client: Client, namespace: str, pod: str) -> str:
+    spec = client.get(Pod, pod, namespace=namespace).spec
+    return (spec.nodeName or "") if spec else ""
+
+
+def unschedulable_message(client: Client, namespace: str, pod: str) -> str:
+    status = client.get(Pod, pod, namespace=namespace).status
+    for cond in (status.conditions or []) if status else []:
+        if cond.type == "PodScheduled" and cond.status == "False":
+            return cond.message or ""
+    return ""
+
+
+def usage_of(client: Client, node: str) -> dict[str, Any] | None:
+    meta = client.get(Node, node).metadata
+    value = ((meta.annotations or {}) if meta else {}).get(USAGE)
+    return yaml.safe_load(value) if value else None
+
+
+def running(client: Client, namespace: str, *pods: str) -> bool:
+    return all(pod_phase(client, namespace, p) == "Running" for p in pods)
+
+
+def delete(client: Client, namespace: str, *pods: str) -> None:
+    for p in pods:
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, p, namespace=namespace, grace_period=0)
+
+
+def test_extender_places_only_connected_sets_with_the_real_scheduler(
+        kubelet_node: Callable[..., RealNode], daemon: Callable[..., Daemon], kube_client: Client,
+        control_plane: ControlPlane, my_scheduler: Callable[[int], None], namespace: str, wait: Wait,
+        tmp_path: Path) -> None:
+    trn2 = kubelet_node("trn2.48xlarge")
+    trn1 = kubelet_node("trn1.32xlarge")
+    nodes = {trn2.name: trn2, trn1.name: trn1}
+    for node in (trn2, trn1):
+        daemon("neuron-device-plugin", "serve", "--metrics-port", "0", "--pod-resources-interval", "0.5",
+               env=node.env())
+    for node, cores in ((trn2, 64), (trn1, 32)):
+        wait(lambda n=node, c=cores: (allocatable(kube_client, n.name, NEURON),
+                                      allocatable(kube_client, n.name, NEURONCORE)) == (16, c),
+             f"neuron 16 / neuroncore {cores} on {node.name}", timeout=90)
+        wait(lambda n=node: usage_of(kube_client, n.name), f"the device-usage annotation on {node.name}")
+    port = _free_port()
+    env = {"KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    extender = daemon("neuron-scheduler-extender", "serve", "--port", str(port), "--metrics-port", "0", env=env)
+    my_scheduler(port)
+
+    # 1. Fragment both nodes with the default scheduler: pairs of devices (neuron: 2 on trn2; neuroncore: 4 = two
+    #    whole devices on trn1), then keep one pair per torus row. 8 devices stay free per node, no row is free.
+    holders: dict[str, dict[int, str]] = {}  # node -> row -> the pod kept in it
+    for node, limits in ((trn2, {NEURON: "2"}), (trn1, {NEURONCORE: "4"})):
+        names = [f"frag-{node.name}-{i}" for i in range(8)]
+        for name in names:
+            create_pod(kube_client, namespace, name, node.name, limits=limits)
+        wait(lambda ns=names: running(kube_client, namespace, *ns), f"8 fragmenting pods on {node.name}", timeout=180)
+        by_row: dict[int, list[str]] = {}
+        for name in names:
+            devs = devices_of(node, namespace, name)
+            assert len(devs) == 2 and len({d // 4 for d in devs}) == 1, (name, devs)
+            by_row.setdefault(min(devs) // 4, []).append(name)
+        holders[node.name] = {row: pods[0] for row, pods in by_row.items()}
+        delete(kube_client, namespace, *[p for pods in by_row.values() for p in pods[1:]])
+    for node in (trn2, trn1):
+        wait(lambda n=node: len(usage_of(kube_client, n.name)["neuron" if n is trn2 else "neuroncore"]) ==
+             (8 if n is trn2 else 16), f"{node.name} reports 8 devices in use", timeout=60)
+
+    # Under default scheduling the counts fit, so a neuron: 4 pod is placed on a node without a free row and gets
+    # devices that are not one row.
+    create_pod(kube_client, namespace, "default-4", trn2.name, limits={NEURON: "4"})
+    wait(lambda: running(kube_client, namespace, "default-4"), "the default-scheduler neuron: 4 pod Running")
+    assert devices_of(trn2, namespace, "default-4") not in ROWS
+    delete(kube_client, namespace, "default-4")
+    wait(lambda: pod_gone(kube_client, namespace, "default-4"), "default-4 gone")
+    wait(lambda: len(usage_of(kube_client, trn2.name)["neuron"]) == 8, "trn2 back to 8 devices in use", timeout=60)
+
+    # 2. With my-scheduler the same pod fits no node: Pending, with a reason naming the missing connected set.
+    my_pod(kube_client, namespace, "wide", {NEURON: "4"})
+    message = wait(lambda: unschedulable_message(kube_client, namespace, "wide"), "wide reported unschedulable")
+    assert "no free connected set of 4 aws.amazon.com/neuron devices" in message, message
+    assert node_of(kube_client, namespace, "wide") == ""
+    # explain says the same for people, with the free devices that hold no row.
+    manifest = tmp_path / "wide.yaml"
+    manifest.write_text(yaml.safe_dump(kube_client.get(Pod, "wide", namespace=namespace).to_dict()))
+    answer = subprocess.run([sys.executable, *console_script("neuron-scheduler-extender"), "explain", "--node",
+                             trn2.name, "--pod", str(manifest)], env={**os.environ, **env}, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert answer.returncode == 1, answer.stderr
+    assert "does not fit" in answer.stdout and "no free connected set of 4" in answer.stdout, answer.stdout
+
+    # 3. Free a row on trn1: the waiting pod gets exactly that row.
+    freed_row = 1
+    delete(kube_client, namespace, holders[trn1.name][freed_row])
+    wait(lambda: running(kube_client, namespace, "wide"), "wide Running once a row is free", timeout=120)
+    assert node_of(kube_client, namespace, "wide") == trn1.name
+    assert devices_of(trn1, namespace, "wide") == ROWS[freed_row]
+
+    # 4. Mixed small pods: neuron pairs are torus neighbours, NeuronCores are packed on connected devices.
+    my_pod(kube_client, namespace, "pair", {NEURON: "2"})
+    my_pod(kube_client, namespace, "cores", {NEURONCORE: "4"})
+    wait(lambda: running(kube_client, namespace, "pair", "cores"), "pair and cores Running", timeout=120)
+    for pod, want in (("pair", 2), ("cores", None)):
+        node = nodes[node_of(kube_client, namespace, pod)]
+        devs = devices_of(node, namespace, pod)
+        per = 4 if node is trn2 else 2
+        assert len(devs) == (want or 4 // per) and connected(devs), (pod, node.name, devs)
+
+    # 5. The extender dies mid-sequence: pods wait (the extender is not ignorable) and nothing is lost after it
+    #    comes back.
+    extender.stop(9)
+    my_pod(kube_client, namespace, "during", {NEURONCORE: "2"})
+    wait(lambda: "extender" in unschedulable_message(kube_client, namespace, "during").lower()
+         or "connection refused" in unschedulable_message(kube_client, namespace, "during"),
+         "during reported unschedulable while the extender is down", timeout=60)
+    assert node_of(kube_client, namespace, "during") == ""
+    daemon("neuron-scheduler-extender", "serve", "--port", str(port), "--metrics-port", "0", env=env)
+    wait(lambda: running(kube_client, namespace, "during"), "during Running after the extender is back", timeout=120)
+    node = nodes[node_of(kube_client, namespace, "during")]
+    assert connected(devices_of(node, namespace, "during"))
+
+    # 6. Back to back: two neuron: 4 pods, one free row in the whole cluster. They never share it, and the one left
+    #    waiting gets a row of its own once another is freed.
+    def occupied(node: RealNode) -> set[int]:
+        usage = usage_of(kube_client, node.name) or {}
+        per = usage.get("coresPerDevice") or 1
+        return set(usage.get("neuron", [])) | {c // per for c in usage.get("neuroncore", [])}
+
+    def row_held_only_by_its_holder() -> tuple[RealNode, int]:
+        """A (node, row) whose only occupant is the fragmenting pod kept there: deleting it frees the row."""
+        for node in (trn2, trn1):
+            for r, holder in holders[node.name].items():
+                if not pod_gone(kube_client, namespace, holder) and \
+                        occupied(node) & ROWS[r] == devices_of(node, namespace, holder):
+                    return node, r
+        raise AssertionError("no row is held by its fragmenting pod alone")
+
+    def free_a_row() -> tuple[RealNode, int]:
+        node, r = row_held_only_by_its_holder()
+        delete(kube_client, namespace, holders[node.name][r])
+        wait(lambda: not occupied(node) & ROWS[r], f"row {r} of {node.name} reported free", timeout=60)
+        return node, r
+
+    node1, row1 = free_a_row()
+    my_pod(kube_client, namespace, "twin-a", {NEURON: "4"})
+    my_pod(kube_client, namespace, "twin-b", {NEURON: "4"})
+    first = wait(lambda: next((p for p in ("twin-a", "twin-b") if running(kube_client, namespace, p)), None),
+                 "one twin Running", timeout=120)
+    other = "twin-b" if first == "twin-a" else "twin-a"
+    assert node_of(kube_client, namespace, first) == node1.name
+    assert devices_of(node1, namespace, first) == ROWS[row1]
+    message = wait(lambda: unschedulable_message(kube_client, namespace, other), f"{other} unschedulable")
+    assert "no free connected set of 4" in message and node_of(kube_client, namespace, other) == "", message
+    node2, row2 = free_a_row()
+    wait(lambda: running(kube_client, namespace, other), f"{other} Running once a second row is free", timeout=120)
+    assert node_of(kube_client, namespace, other) == node2.name
+    assert devices_of(node2, namespace, other) == ROWS[row2]
