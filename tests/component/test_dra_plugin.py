@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 
+import accel_core.dra.plugin as plugin_module
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
@@ -29,7 +33,6 @@ class ToyHandler:
             raise ClaimError("opaque config: unknown field 'colour'")
         if claim.name == "boom":
             raise RuntimeError("driver bug")
-        await asyncio.sleep(0.01)  # overlap would show in calls order if calls were not serialized
         devs = [PreparedDevice("node-a", "toy-0", (f"k8s.toy/claim={claim.uid}-toy-0",), ("req",), "s1")]
         self.prepared[claim.uid] = devs
         return devs
@@ -93,15 +96,194 @@ def test_prepare_both_versions_with_per_claim_errors(short_tmp: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_concurrent_prepares_are_serialized(short_tmp: Path) -> None:
+class OverlapProbe:
+    """Counts prepares in flight across handlers: more than one at a time is an overlap."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self.events: list[str] = []
+
+    async def around(self, name: str, body: Awaitable[None]) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        self.events.append(f"start:{name}")
+        try:
+            await body
+        finally:
+            self.events.append(f"end:{name}")
+            self.in_flight -= 1
+
+
+class ProbedHandler(ToyHandler):
+    """A handler whose prepare stays in flight for a while (or until ``gate`` opens) and reports to a probe."""
+
+    def __init__(self, probe: OverlapProbe, gate: asyncio.Event | None = None) -> None:
+        super().__init__()
+        self.probe = probe
+        self.gate = gate
+        self.entered = asyncio.Event()
+
+    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+        self.entered.set()
+
+        async def body() -> None:
+            if self.gate is not None:
+                await self.gate.wait()
+            for _ in range(5):  # several event-loop turns: an unserialized prepare would start meanwhile
+                await asyncio.sleep(0.002)
+
+        await self.probe.around(claim.name, body())
+        return await super().prepare(claim)
+
+
+class FlockBusySpy:
+    """Stands in for the plugin module's ``fcntl``: records when a non-blocking flock found the file taken."""
+
+    LOCK_EX, LOCK_NB, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_NB, fcntl.LOCK_UN
+
+    def __init__(self) -> None:
+        self.busy = asyncio.Event()
+
+    def flock(self, fd: int, op: int) -> None:
+        try:
+            fcntl.flock(fd, op)
+        except BlockingIOError:
+            self.busy.set()
+            raise
+
+
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+mode = sys.argv[2]
+if mode == "hold":
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+    sys.stdin.readline()
+    open(sys.argv[3], "w").close()  # written while still holding the lock
+else:
+    for line in sys.stdin:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            print("got", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            print("busy", flush=True)
+"""
+
+
+async def _holder(lock: Path, mode: str, marker: Path | None = None) -> asyncio.subprocess.Process:
+    args = [sys.executable, "-c", HOLDER, str(lock), mode] + ([str(marker)] if marker else [])
+    return await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+
+
+async def _ask(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"\n")
+    await proc.stdin.drain()
+    return (await asyncio.wait_for(proc.stdout.readline(), 10)).decode().strip()
+
+
+def test_concurrent_prepares_never_overlap(short_tmp: Path) -> None:
     async def scenario() -> None:
-        standin, plugin, handler = await _start(short_tmp)
+        standin, plugin, _ = await _start(short_tmp)
+        probe = OverlapProbe()
+        plugin.handler = ProbedHandler(probe)
         conn = await standin.register_dra(DRIVER)
         await asyncio.gather(*(conn.prepare(("ns", f"u{i}", f"c{i}")) for i in range(5)))
-        assert sorted(handler.calls) == [f"prepare:c{i}" for i in range(5)]
-        assert (plugin.data_dir / "serialize.lock").exists(), "rolling-update mode serializes through a file lock"
+        assert probe.most == 1, probe.events
+        assert len(probe.events) == 10
+        assert all(a.split(":")[1] == b.split(":")[1] and a.startswith("start") and b.startswith("end")
+                   for a, b in zip(probe.events[::2], probe.events[1::2], strict=True)), probe.events
         await conn.close()
         await plugin.stop()
+    asyncio.run(scenario())
+
+
+def test_a_prepare_waits_while_another_process_holds_the_lock(short_tmp: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    async def scenario() -> None:
+        spy = FlockBusySpy()
+        monkeypatch.setattr(plugin_module, "fcntl", spy)
+        standin, plugin, handler = await _start(short_tmp)
+        marker = short_tmp / "released"
+        seen_marker: list[bool] = []
+        real_prepare = handler.prepare
+
+        async def prepare(claim: ClaimRef) -> list[PreparedDevice]:
+            seen_marker.append(marker.exists())
+            return await real_prepare(claim)
+
+        handler.prepare = prepare  # type: ignore[method-assign]
+        other = await _holder(plugin.data_dir / "serialize.lock", "hold", marker)
+        assert other.stdout is not None
+        assert (await asyncio.wait_for(other.stdout.readline(), 10)).strip() == b"held"
+        conn = await standin.register_dra(DRIVER)
+        call = asyncio.ensure_future(conn.prepare(("ns", "u1", "c1")))
+        await asyncio.wait_for(spy.busy.wait(), 10)  # the plugin tried the lock and found it taken
+        assert handler.calls == [] and not call.done()
+        assert other.stdin is not None
+        other.stdin.write(b"\n")
+        await other.stdin.drain()
+        await other.wait()
+        resp = await asyncio.wait_for(call, 10)
+        assert resp["u1"].error == ""  # type: ignore[attr-defined]
+        assert seen_marker == [True], "prepare ran before the other process let go of the lock"
+        await conn.close()
+        await plugin.stop()
+    asyncio.run(scenario())
+
+
+def test_another_process_is_kept_out_while_a_prepare_runs(short_tmp: Path) -> None:
+    async def scenario() -> None:
+        standin, plugin, _ = await _start(short_tmp)
+        gate = asyncio.Event()
+        handler = ProbedHandler(OverlapProbe(), gate)
+        plugin.handler = handler
+        other = await _holder(plugin.data_dir / "serialize.lock", "try")
+        conn = await standin.register_dra(DRIVER)
+        assert await _ask(other) == "got", "nobody holds the lock before the prepare"
+        call = asyncio.ensure_future(conn.prepare(("ns", "u1", "c1")))
+        await asyncio.wait_for(handler.entered.wait(), 10)
+        assert await _ask(other) == "busy"
+        gate.set()
+        await asyncio.wait_for(call, 10)
+        assert await _ask(other) == "got", "the lock is released after the call"
+        assert other.stdin is not None
+        other.stdin.close()
+        await other.wait()
+        await conn.close()
+        await plugin.stop()
+    asyncio.run(scenario())
+
+
+def test_two_plugin_instances_contend_for_the_lock(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two pods of a rolling update (two pod UIDs, one host): one prepares at a time across both."""
+    async def scenario() -> None:
+        spy = FlockBusySpy()
+        monkeypatch.setattr(plugin_module, "fcntl", spy)
+        standin = KubeletStandIn(short_tmp / "kubelet")
+        standin.registry_dir.mkdir(parents=True)
+        probe = OverlapProbe()
+        gate = asyncio.Event()
+        old_handler, new_handler = ProbedHandler(probe, gate), ProbedHandler(probe)
+        old = DraPlugin(old_handler, standin.paths(), pod_uid="pod-old")
+        new = DraPlugin(new_handler, standin.paths(), pod_uid="pod-new")
+        await old.start()
+        await new.start()
+        assert old.registration_socket != new.registration_socket and old.dra_socket != new.dra_socket
+        first = asyncio.ensure_future(old.prepare_claims([ClaimRef("ns", "u-old", "c-old")]))
+        await asyncio.wait_for(old_handler.entered.wait(), 10)
+        second = asyncio.ensure_future(new.prepare_claims([ClaimRef("ns", "u-new", "c-new")]))
+        await asyncio.wait_for(spy.busy.wait(), 10)  # the new pod met the old pod's lock
+        assert not new_handler.entered.is_set()
+        gate.set()
+        results = await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert [r[uid][1] for r, uid in zip(results, ("u-old", "u-new"), strict=True)] == ["", ""]
+        assert probe.most == 1 and probe.events == ["start:c-old", "end:c-old", "start:c-new", "end:c-new"]
+        await old.stop()
+        await new.stop()
     asyncio.run(scenario())
 
 
