@@ -1,16 +1,20 @@
 """The kubelet API protos are wire-exact and the committed generated code is current.
 
-The tables below restate the kubelet's published API (packages, services, RPCs,
-streaming flags, messages and fields) and are compared with the descriptors of
-the generated modules, so any drift in ``protos/`` fails here.
+The descriptors of our generated modules are compared with the upstream k8s.io/kubelet .proto files of the
+Kubernetes release the project builds (package, messages, field names, numbers, types and labels, enums, services and
+streaming flags), so any drift in ``protos/`` fails here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import descriptor_pb2
+from grpc_tools import protoc
 
 from accel_core import kubeletapi
 from accel_core.kubeletapi import (
@@ -39,321 +44,61 @@ from accel_core.kubeletapi import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------
-# Expected API tables
+# The upstream .proto files: k8s.io/kubelet at the staging tag of the Kubernetes release scripts/build-kube.sh builds
+# (the Go module cache holds them after that script ran; `go mod download` fetches them otherwise).
 # ---------------------------------------------------------------------------
 
-S, OPT, R = "singular", "optional", "repeated"  # implicit presence, proto3 optional, repeated
-DRA1 = "k8s.io.kubelet.pkg.apis.dra.v1"
-DRA1B1 = "k8s.io.kubelet.pkg.apis.dra.v1beta1"
-
-FieldRow = tuple[str, int, str, str]  # (field, number, type, label)
-MethodRow = tuple[str, str, str, bool]  # (full method path, request, response, server streaming)
-
-DEVICEPLUGIN_MESSAGES: dict[str, list[FieldRow]] = {
-    "v1beta1.DevicePluginOptions": [
-        ("pre_start_required", 1, "bool", S),
-        ("get_preferred_allocation_available", 2, "bool", S),
-    ],
-    "v1beta1.RegisterRequest": [
-        ("version", 1, "string", S),
-        ("endpoint", 2, "string", S),
-        ("resource_name", 3, "string", S),
-        ("options", 4, "v1beta1.DevicePluginOptions", S),
-    ],
-    "v1beta1.Empty": [],
-    "v1beta1.ListAndWatchResponse": [("devices", 1, "v1beta1.Device", R)],
-    "v1beta1.TopologyInfo": [("nodes", 1, "v1beta1.NUMANode", R)],
-    "v1beta1.NUMANode": [("ID", 1, "int64", S)],
-    "v1beta1.Device": [
-        ("ID", 1, "string", S),
-        ("health", 2, "string", S),
-        ("topology", 3, "v1beta1.TopologyInfo", S),
-    ],
-    "v1beta1.PreStartContainerRequest": [("devices_ids", 1, "string", R)],
-    "v1beta1.PreStartContainerResponse": [],
-    "v1beta1.PreferredAllocationRequest": [
-        ("container_requests", 1, "v1beta1.ContainerPreferredAllocationRequest", R),
-    ],
-    "v1beta1.ContainerPreferredAllocationRequest": [
-        ("available_deviceIDs", 1, "string", R),
-        ("must_include_deviceIDs", 2, "string", R),
-        ("allocation_size", 3, "int32", S),
-    ],
-    "v1beta1.PreferredAllocationResponse": [
-        ("container_responses", 1, "v1beta1.ContainerPreferredAllocationResponse", R),
-    ],
-    "v1beta1.ContainerPreferredAllocationResponse": [("deviceIDs", 1, "string", R)],
-    "v1beta1.AllocateRequest": [("container_requests", 1, "v1beta1.ContainerAllocateRequest", R)],
-    "v1beta1.ContainerAllocateRequest": [("devices_ids", 1, "string", R)],
-    "v1beta1.CDIDevice": [("name", 1, "string", S)],
-    "v1beta1.AllocateResponse": [("container_responses", 1, "v1beta1.ContainerAllocateResponse", R)],
-    "v1beta1.ContainerAllocateResponse": [
-        ("envs", 1, "map<string,string>", R),
-        ("mounts", 2, "v1beta1.Mount", R),
-        ("devices", 3, "v1beta1.DeviceSpec", R),
-        ("annotations", 4, "map<string,string>", R),
-        ("cdi_devices", 5, "v1beta1.CDIDevice", R),
-    ],
-    "v1beta1.Mount": [
-        ("container_path", 1, "string", S),
-        ("host_path", 2, "string", S),
-        ("read_only", 3, "bool", S),
-    ],
-    "v1beta1.DeviceSpec": [
-        ("container_path", 1, "string", S),
-        ("host_path", 2, "string", S),
-        ("permissions", 3, "string", S),
-    ],
+UPSTREAM_FILES = {
+    "deviceplugin_v1beta1": "pkg/apis/deviceplugin/v1beta1/api.proto",
+    "dra_v1": "pkg/apis/dra/v1/api.proto",
+    "dra_v1beta1": "pkg/apis/dra/v1beta1/api.proto",
+    "dra_health_v1alpha1": "pkg/apis/dra-health/v1alpha1/api.proto",
+    "pluginregistration_v1": "pkg/apis/pluginregistration/v1/api.proto",
+    "podresources_v1": "pkg/apis/podresources/v1/api.proto",
 }
-
-DEVICEPLUGIN_METHODS: list[MethodRow] = [
-    ("/v1beta1.Registration/Register", "v1beta1.RegisterRequest", "v1beta1.Empty", False),
-    ("/v1beta1.DevicePlugin/GetDevicePluginOptions", "v1beta1.Empty", "v1beta1.DevicePluginOptions", False),
-    ("/v1beta1.DevicePlugin/ListAndWatch", "v1beta1.Empty", "v1beta1.ListAndWatchResponse", True),
-    (
-        "/v1beta1.DevicePlugin/GetPreferredAllocation",
-        "v1beta1.PreferredAllocationRequest",
-        "v1beta1.PreferredAllocationResponse",
-        False,
-    ),
-    ("/v1beta1.DevicePlugin/Allocate", "v1beta1.AllocateRequest", "v1beta1.AllocateResponse", False),
-    (
-        "/v1beta1.DevicePlugin/PreStartContainer",
-        "v1beta1.PreStartContainerRequest",
-        "v1beta1.PreStartContainerResponse",
-        False,
-    ),
-]
-
-PLUGINREGISTRATION_MESSAGES: dict[str, list[FieldRow]] = {
-    "pluginregistration.PluginInfo": [
-        ("type", 1, "string", S),
-        ("name", 2, "string", S),
-        ("endpoint", 3, "string", S),
-        ("supported_versions", 4, "string", R),
-    ],
-    "pluginregistration.RegistrationStatus": [
-        ("plugin_registered", 1, "bool", S),
-        ("error", 2, "string", S),
-    ],
-    "pluginregistration.RegistrationStatusResponse": [],
-    "pluginregistration.InfoRequest": [],
-}
-
-PLUGINREGISTRATION_METHODS: list[MethodRow] = [
-    (
-        "/pluginregistration.Registration/GetInfo",
-        "pluginregistration.InfoRequest",
-        "pluginregistration.PluginInfo",
-        False,
-    ),
-    (
-        "/pluginregistration.Registration/NotifyRegistrationStatus",
-        "pluginregistration.RegistrationStatus",
-        "pluginregistration.RegistrationStatusResponse",
-        False,
-    ),
-]
-
-DRA_V1_MESSAGES: dict[str, list[FieldRow]] = {
-    f"{DRA1}.NodePrepareResourcesRequest": [("claims", 1, f"{DRA1}.Claim", R)],
-    f"{DRA1}.NodePrepareResourcesResponse": [("claims", 1, f"map<string,{DRA1}.NodePrepareResourceResponse>", R)],
-    f"{DRA1}.NodePrepareResourceResponse": [
-        ("devices", 1, f"{DRA1}.Device", R),
-        ("error", 2, "string", S),
-    ],
-    f"{DRA1}.Device": [
-        ("request_names", 1, "string", R),
-        ("pool_name", 2, "string", S),
-        ("device_name", 3, "string", S),
-        ("cdi_device_ids", 4, "string", R),
-        ("share_id", 5, "string", OPT),
-    ],
-    f"{DRA1}.NodeUnprepareResourcesRequest": [("claims", 1, f"{DRA1}.Claim", R)],
-    f"{DRA1}.NodeUnprepareResourcesResponse": [
-        ("claims", 1, f"map<string,{DRA1}.NodeUnprepareResourceResponse>", R),
-    ],
-    f"{DRA1}.NodeUnprepareResourceResponse": [("error", 1, "string", S)],
-    f"{DRA1}.Claim": [
-        ("namespace", 1, "string", S),
-        ("uid", 2, "string", S),
-        ("name", 3, "string", S),
-    ],
-}
-
-DRA_V1_METHODS: list[MethodRow] = [
-    (
-        f"/{DRA1}.DRAPlugin/NodePrepareResources",
-        f"{DRA1}.NodePrepareResourcesRequest",
-        f"{DRA1}.NodePrepareResourcesResponse",
-        False,
-    ),
-    (
-        f"/{DRA1}.DRAPlugin/NodeUnprepareResources",
-        f"{DRA1}.NodeUnprepareResourcesRequest",
-        f"{DRA1}.NodeUnprepareResourcesResponse",
-        False,
-    ),
-]
-
-DRA_V1BETA1_MESSAGES: dict[str, list[FieldRow]] = {
-    f"{DRA1B1}.NodePrepareResourcesRequest": [("claims", 1, f"{DRA1B1}.Claim", R)],
-    f"{DRA1B1}.NodePrepareResourcesResponse": [
-        ("claims", 1, f"map<string,{DRA1B1}.NodePrepareResourceResponse>", R),
-    ],
-    f"{DRA1B1}.NodePrepareResourceResponse": [
-        ("devices", 1, f"{DRA1B1}.Device", R),
-        ("error", 2, "string", S),
-    ],
-    f"{DRA1B1}.Device": [
-        ("request_names", 1, "string", R),
-        ("pool_name", 2, "string", S),
-        ("device_name", 3, "string", S),
-        ("cdi_device_ids", 4, "string", R),
-    ],
-    f"{DRA1B1}.NodeUnprepareResourcesRequest": [("claims", 1, f"{DRA1B1}.Claim", R)],
-    f"{DRA1B1}.NodeUnprepareResourcesResponse": [
-        ("claims", 1, f"map<string,{DRA1B1}.NodeUnprepareResourceResponse>", R),
-    ],
-    f"{DRA1B1}.NodeUnprepareResourceResponse": [("error", 1, "string", S)],
-    f"{DRA1B1}.Claim": [
-        ("namespace", 1, "string", S),
-        ("uid", 2, "string", S),
-        ("name", 3, "string", S),
-    ],
-}
-
-DRA_V1BETA1_METHODS: list[MethodRow] = [
-    (
-        f"/{DRA1B1}.DRAPlugin/NodePrepareResources",
-        f"{DRA1B1}.NodePrepareResourcesRequest",
-        f"{DRA1B1}.NodePrepareResourcesResponse",
-        False,
-    ),
-    (
-        f"/{DRA1B1}.DRAPlugin/NodeUnprepareResources",
-        f"{DRA1B1}.NodeUnprepareResourcesRequest",
-        f"{DRA1B1}.NodeUnprepareResourcesResponse",
-        False,
-    ),
-]
-
-DRA_HEALTH_MESSAGES: dict[str, list[FieldRow]] = {
-    "v1alpha1.NodeWatchResourcesRequest": [],
-    "v1alpha1.DeviceIdentifier": [
-        ("pool_name", 1, "string", S),
-        ("device_name", 2, "string", S),
-    ],
-    "v1alpha1.DeviceHealth": [
-        ("device", 1, "v1alpha1.DeviceIdentifier", S),
-        ("health", 2, "enum v1alpha1.HealthStatus", S),
-        ("last_updated_time", 3, "int64", S),
-        ("health_check_timeout_seconds", 4, "int64", S),
-        ("message", 5, "string", S),
-    ],
-    "v1alpha1.NodeWatchResourcesResponse": [("devices", 1, "v1alpha1.DeviceHealth", R)],
-}
-
-DRA_HEALTH_METHODS: list[MethodRow] = [
-    (
-        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
-        "v1alpha1.NodeWatchResourcesRequest",
-        "v1alpha1.NodeWatchResourcesResponse",
-        True,
-    ),
-]
-
-PODRESOURCES_MESSAGES: dict[str, list[FieldRow]] = {
-    "v1.AllocatableResourcesRequest": [],
-    "v1.AllocatableResourcesResponse": [
-        ("devices", 1, "v1.ContainerDevices", R),
-        ("cpu_ids", 2, "int64", R),
-        ("memory", 3, "v1.ContainerMemory", R),
-    ],
-    "v1.ListPodResourcesRequest": [],
-    "v1.ListPodResourcesResponse": [("pod_resources", 1, "v1.PodResources", R)],
-    "v1.PodResources": [
-        ("name", 1, "string", S),
-        ("namespace", 2, "string", S),
-        ("containers", 3, "v1.ContainerResources", R),
-        ("cpu_ids", 4, "int64", R),
-        ("memory", 5, "v1.ContainerMemory", R),
-    ],
-    "v1.ContainerResources": [
-        ("name", 1, "string", S),
-        ("devices", 2, "v1.ContainerDevices", R),
-        ("cpu_ids", 3, "int64", R),
-        ("memory", 4, "v1.ContainerMemory", R),
-        ("dynamic_resources", 5, "v1.DynamicResource", R),
-    ],
-    "v1.ContainerMemory": [
-        ("memory_type", 1, "string", S),
-        ("size", 2, "uint64", S),
-        ("topology", 3, "v1.TopologyInfo", S),
-    ],
-    "v1.ContainerDevices": [
-        ("resource_name", 1, "string", S),
-        ("device_ids", 2, "string", R),
-        ("topology", 3, "v1.TopologyInfo", S),
-    ],
-    "v1.TopologyInfo": [("nodes", 1, "v1.NUMANode", R)],
-    "v1.NUMANode": [("ID", 1, "int64", S)],
-    "v1.DynamicResource": [
-        ("claim_name", 2, "string", S),
-        ("claim_namespace", 3, "string", S),
-        ("claim_resources", 4, "v1.ClaimResource", R),
-    ],
-    "v1.ClaimResource": [
-        ("cdi_devices", 1, "v1.CDIDevice", R),
-        ("driver_name", 2, "string", S),
-        ("pool_name", 3, "string", S),
-        ("device_name", 4, "string", S),
-        ("share_id", 5, "string", OPT),
-    ],
-    "v1.CDIDevice": [("name", 1, "string", S)],
-    "v1.GetPodResourcesRequest": [
-        ("pod_name", 1, "string", S),
-        ("pod_namespace", 2, "string", S),
-    ],
-    "v1.GetPodResourcesResponse": [("pod_resources", 1, "v1.PodResources", S)],
-}
-
-PODRESOURCES_METHODS: list[MethodRow] = [
-    ("/v1.PodResourcesLister/List", "v1.ListPodResourcesRequest", "v1.ListPodResourcesResponse", False),
-    (
-        "/v1.PodResourcesLister/GetAllocatableResources",
-        "v1.AllocatableResourcesRequest",
-        "v1.AllocatableResourcesResponse",
-        False,
-    ),
-    ("/v1.PodResourcesLister/Get", "v1.GetPodResourcesRequest", "v1.GetPodResourcesResponse", False),
-]
-
-# (generated module stem, proto package, messages, methods, enums {name: [(value name, number)]})
-APIS: list[tuple[str, str, dict[str, list[FieldRow]], list[MethodRow], dict[str, list[tuple[str, int]]]]] = [
-    ("deviceplugin_v1beta1", "v1beta1", DEVICEPLUGIN_MESSAGES, DEVICEPLUGIN_METHODS, {}),
-    ("pluginregistration_v1", "pluginregistration", PLUGINREGISTRATION_MESSAGES, PLUGINREGISTRATION_METHODS, {}),
-    ("dra_v1", DRA1, DRA_V1_MESSAGES, DRA_V1_METHODS, {}),
-    ("dra_v1beta1", DRA1B1, DRA_V1BETA1_MESSAGES, DRA_V1BETA1_METHODS, {}),
-    (
-        "dra_health_v1alpha1",
-        "v1alpha1",
-        DRA_HEALTH_MESSAGES,
-        DRA_HEALTH_METHODS,
-        {"v1alpha1.HealthStatus": [("UNKNOWN", 0), ("HEALTHY", 1), ("UNHEALTHY", 2)]},
-    ),
-    ("podresources_v1", "v1", PODRESOURCES_MESSAGES, PODRESOURCES_METHODS, {}),
-]
-API_IDS = [api[0] for api in APIS]
-
-# ---------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------
+STEMS = sorted(UPSTREAM_FILES)
+Upstream = dict[str, descriptor_pb2.FileDescriptorProto]
 
 
-def _pb2(stem: str) -> ModuleType:
-    module: ModuleType = getattr(kubeletapi, f"{stem}_pb2")
-    return module
+def _kubelet_module_version() -> str:
+    """v1.37.2 (the release build-kube.sh builds) -> v0.37.2 (the tag of its staging module k8s.io/kubelet)."""
+    script = (REPO_ROOT / "scripts" / "build-kube.sh").read_text()
+    match = re.search(r"^KUBE_VERSION=\$\{KUBE_VERSION:-v1\.(\d+\.\d+)\}", script, re.MULTILINE)
+    assert match, "scripts/build-kube.sh no longer sets KUBE_VERSION the way this test reads it"
+    return f"v0.{match.group(1)}"
+
+
+@pytest.fixture(scope="module")
+def upstream_dir() -> Path:
+    go = shutil.which("go")
+    if go is None:
+        pytest.fail("Go is needed to find the upstream kubelet .proto files (run scripts/build-kube.sh first)")
+    module = f"k8s.io/kubelet@{_kubelet_module_version()}"
+    done = subprocess.run([go, "mod", "download", "-json", module], capture_output=True, text=True, timeout=300,
+                          cwd=tempfile.gettempdir())
+    assert done.returncode == 0, f"go mod download {module}: {done.stdout}{done.stderr}"
+    return Path(json.loads(done.stdout)["Dir"])
+
+
+@pytest.fixture(scope="module")
+def upstream(upstream_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    """Each upstream file compiled by protoc (grpcio-tools) into a descriptor."""
+    out: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    work = tmp_path_factory.mktemp("upstream-protos")
+    for stem, rel in UPSTREAM_FILES.items():
+        source = upstream_dir / rel
+        assert source.is_file(), f"{source} is missing from the upstream module"
+        target = work / f"{stem}.pb"
+        rc = protoc.main(["protoc", f"-I{source.parent}", f"--descriptor_set_out={target}", source.name])
+        assert rc == 0, f"protoc failed on {source}"
+        (out[stem],) = descriptor_pb2.FileDescriptorSet.FromString(target.read_bytes()).file
+    return out
+
+
+def _file_proto(stem: str) -> descriptor_pb2.FileDescriptorProto:
+    proto = descriptor_pb2.FileDescriptorProto()
+    getattr(kubeletapi, f"{stem}_pb2").DESCRIPTOR.CopyToProto(proto)
+    return proto
 
 
 def _pb2_grpc(stem: str) -> ModuleType:
@@ -361,57 +106,30 @@ def _pb2_grpc(stem: str) -> ModuleType:
     return module
 
 
-def _file_proto(stem: str) -> descriptor_pb2.FileDescriptorProto:
-    proto = descriptor_pb2.FileDescriptorProto()
-    _pb2(stem).DESCRIPTOR.CopyToProto(proto)
-    return proto
+def _message(m: descriptor_pb2.DescriptorProto) -> dict[str, Any]:
+    F = descriptor_pb2.FieldDescriptorProto
+    return {
+        "fields": {f.name: {"number": f.number, "type": F.Type.Name(f.type), "label": F.Label.Name(f.label),
+                            "type_name": f.type_name, "proto3_optional": f.proto3_optional,
+                            "oneof": m.oneof_decl[f.oneof_index].name if f.HasField("oneof_index") else None}
+                   for f in m.field},
+        "nested": {n.name: _message(n) for n in m.nested_type},
+        "enums": {e.name: {v.name: v.number for v in e.value} for e in m.enum_type},
+        "map_entry": m.options.map_entry,
+    }
 
 
-def _type_name(field: descriptor_pb2.FieldDescriptorProto, maps: dict[str, descriptor_pb2.DescriptorProto]) -> str:
-    referenced = field.type_name.lstrip(".")
-    if field.type == descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE:
-        entry = maps.get(referenced)
-        if entry is None:
-            return referenced
-        key, value = entry.field
-        return f"map<{_type_name(key, {})},{_type_name(value, {})}>"
-    if field.type == descriptor_pb2.FieldDescriptorProto.TYPE_ENUM:
-        return f"enum {referenced}"
-    return descriptor_pb2.FieldDescriptorProto.Type.Name(field.type).removeprefix("TYPE_").lower()
-
-
-def _label(field: descriptor_pb2.FieldDescriptorProto) -> str:
-    if field.label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED:
-        return R
-    return OPT if field.proto3_optional else S
-
-
-def _messages_from_descriptor(proto: descriptor_pb2.FileDescriptorProto) -> dict[str, list[FieldRow]]:
-    """Render every top-level message as the table rows used above."""
-    found: dict[str, list[FieldRow]] = {}
-    for message in proto.message_type:
-        full = f"{proto.package}.{message.name}"
-        maps = {f"{full}.{nested.name}": nested for nested in message.nested_type if nested.options.map_entry}
-        assert len(maps) == len(message.nested_type), f"{full} has nested types other than map entries"
-        assert not message.enum_type, f"{full} has nested enums"
-        found[full] = [(f.name, f.number, _type_name(f, maps), _label(f)) for f in message.field]
-    return found
-
-
-def _methods_from_descriptor(proto: descriptor_pb2.FileDescriptorProto) -> list[MethodRow]:
-    rows: list[MethodRow] = []
-    for service in proto.service:
-        for method in service.method:
-            assert not method.client_streaming, f"{service.name}.{method.name} must not be client-streaming"
-            rows.append(
-                (
-                    f"/{proto.package}.{service.name}/{method.name}",
-                    method.input_type.lstrip("."),
-                    method.output_type.lstrip("."),
-                    method.server_streaming,
-                )
-            )
-    return rows
+def _wire_facts(proto: descriptor_pb2.FileDescriptorProto) -> dict[str, Any]:
+    """Everything that reaches the wire or a method path: names, numbers, types, labels, services; not comments."""
+    return {
+        "syntax": proto.syntax,
+        "package": proto.package,
+        "imports": list(proto.dependency),
+        "messages": {m.name: _message(m) for m in proto.message_type},
+        "enums": {e.name: {v.name: v.number for v in e.value} for e in proto.enum_type},
+        "services": {s.name: {m.name: (m.input_type, m.output_type, m.client_streaming, m.server_streaming)
+                              for m in s.method} for s in proto.service},
+    }
 
 
 class _RecordingChannel:
@@ -487,7 +205,7 @@ def test_check_reports_edited_missing_and_stale_files(gen_protos: ModuleType, tm
 
 
 def test_generated_grpc_modules_import_siblings_relatively() -> None:
-    for stem in API_IDS:
+    for stem in STEMS:
         source = Path(_pb2_grpc(stem).__file__ or "").read_text(encoding="utf-8")
         assert f"from . import {stem}_pb2 as " in source
         assert f"\nimport {stem}_pb2" not in source
@@ -500,57 +218,37 @@ def test_relativize_imports_only_touches_local_modules(gen_protos: ModuleType) -
 
 
 # ---------------------------------------------------------------------------
-# Wire exactness via descriptors
+# Wire exactness: our descriptors against upstream's
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("stem", "package", "messages", "methods", "enums"), APIS, ids=API_IDS)
-def test_file_header_is_plain_proto3(stem: str, package: str, messages: object, methods: object, enums: object) -> None:
-    proto = _file_proto(stem)
-    assert proto.syntax == "proto3"
-    assert proto.package == package
-    assert list(proto.dependency) == [], "no imports (gogo.proto must not be used)"
-
-
-@pytest.mark.parametrize(("stem", "package", "messages", "methods", "enums"), APIS, ids=API_IDS)
-def test_messages_and_fields_match_kubelet(
-    stem: str,
-    package: str,
-    messages: dict[str, list[FieldRow]],
-    methods: object,
-    enums: object,
+@pytest.mark.parametrize("stem", STEMS)
+def test_descriptors_match_upstream_kubelet_protos(
+    stem: str, upstream: Upstream
 ) -> None:
-    found = _messages_from_descriptor(_file_proto(stem))
-    assert sorted(found) == sorted(messages), "message set differs"
-    for name, rows in messages.items():
-        assert sorted(found[name], key=lambda r: r[1]) == rows, name
+    ours, theirs = _wire_facts(_file_proto(stem)), _wire_facts(upstream[stem])
+    for part in theirs:
+        assert ours[part] == theirs[part], f"{stem}: {part} differs from k8s.io/kubelet/{UPSTREAM_FILES[stem]}"
 
 
-@pytest.mark.parametrize(("stem", "package", "messages", "methods", "enums"), APIS, ids=API_IDS)
-def test_services_and_methods_match_kubelet(
-    stem: str, package: str, messages: object, methods: list[MethodRow], enums: object
+def test_the_comparison_sees_a_changed_field_number(upstream: Upstream) -> None:
+    """A one-number drift is a difference (the comparison is not vacuous)."""
+    edited = descriptor_pb2.FileDescriptorProto()
+    edited.CopyFrom(upstream["dra_v1"])
+    edited.message_type[0].field[0].number += 1
+    assert _wire_facts(edited) != _wire_facts(upstream["dra_v1"])
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_generated_stubs_and_servicers_use_upstream_paths(
+    stem: str, upstream: Upstream
 ) -> None:
-    assert _methods_from_descriptor(_file_proto(stem)) == methods
-
-
-@pytest.mark.parametrize(("stem", "package", "messages", "methods", "enums"), APIS, ids=API_IDS)
-def test_enums_match_kubelet(
-    stem: str, package: str, messages: object, methods: object, enums: dict[str, list[tuple[str, int]]]
-) -> None:
-    proto = _file_proto(stem)
-    found = {f"{proto.package}.{e.name}": [(v.name, v.number) for v in e.value] for e in proto.enum_type}
-    assert found == enums
-
-
-@pytest.mark.parametrize(("stem", "package", "messages", "methods", "enums"), APIS, ids=API_IDS)
-def test_generated_stubs_and_servicers_use_wire_paths(
-    stem: str, package: str, messages: object, methods: list[MethodRow], enums: object
-) -> None:
+    theirs = upstream[stem]
+    expected = [(f"/{theirs.package}.{s.name}/{m.name}", m.server_streaming) for s in theirs.service for m in s.method]
     module = _pb2_grpc(stem)
-    expected = [(path, streaming) for path, _, _, streaming in methods]
     channel = _RecordingChannel()
     server = _RecordingServer()
-    for service in _file_proto(stem).service:
+    for service in theirs.service:
         getattr(module, f"{service.name}Stub")(channel)
         servicer = getattr(module, f"{service.name}Servicer")()
         getattr(module, f"add_{service.name}Servicer_to_server")(servicer, server)
