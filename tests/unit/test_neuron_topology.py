@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from itertools import combinations
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from neuron_facts import (
+    INF2_24_LINKS,
+    INF2_48_LINKS,
+    TORUS_GROUPS,
+    TRN1_LINKS,
+    TRN2_LINKS,
+    connected,
+    smallest_torus_groups,
+    well_placed_on_torus,
+)
 
 from neuron_dra.topology import (
     Topology,
@@ -13,12 +27,6 @@ from neuron_dra.topology import (
     members,
     regular_neighbours,
 )
-
-# trn2.48xlarge connected_devices in driver order (neuron.md section 3)
-TRN2_LINKS: list[tuple[int, ...]] = [
-    (12, 1, 3, 4), (0, 13, 5, 2), (14, 3, 1, 6), (2, 15, 7, 0), (8, 5, 7, 0), (4, 9, 1, 6), (10, 7, 5, 2),
-    (6, 11, 3, 4), (4, 9, 11, 12), (8, 5, 13, 10), (6, 11, 9, 14), (10, 7, 15, 8), (0, 13, 15, 8), (12, 1, 9, 14),
-    (2, 15, 13, 10), (14, 3, 11, 12)]
 
 
 def test_classify_regular_shapes() -> None:
@@ -72,22 +80,55 @@ def test_ring_and_chain_runs() -> None:
     assert chain.connected_groups(3) == [(0, 1, 2), (3, 4, 5)]
 
 
-def test_candidate_sets_on_the_torus() -> None:
+def test_regular_neighbours_are_the_documented_links() -> None:
+    assert [set(n) for n in regular_neighbours("torus4x4", 16)] == [set(n) for n in TRN2_LINKS]
+    assert [set(n) for n in regular_neighbours("torus4x4", 16)] == [set(n) for n in TRN1_LINKS]
+    assert [set(n) for n in regular_neighbours("ring", 12)] == [set(n) for n in INF2_48_LINKS]
+    assert [set(n) for n in regular_neighbours("chain", 6)] == [set(n) for n in INF2_24_LINKS]
+    assert classify(TRN1_LINKS) == "torus4x4"
+
+
+def test_connected_groups_are_the_documented_ones() -> None:
+    topo = Topology.regular("torus4x4", 16)
+    for size, groups in TORUS_GROUPS.items():
+        assert [frozenset(g) for g in topo.connected_groups(size)] == groups
+        assert [frozenset(members(m)) for m in topo.candidate_masks(size)] == groups
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 6, 7, 9, 12, 15])
+def test_candidate_sets_are_exactly_the_well_placed_sets(size: int) -> None:
+    """Off the group sizes, the candidates are every connected set inside one group of the next documented size."""
+    topo = Topology.regular("torus4x4", 16)
+    expected = {frozenset(c) for g in smallest_torus_groups(size) for c in combinations(sorted(g), size)
+                if connected(c, TRN2_LINKS)}
+    assert {frozenset(members(m)) for m in topo.candidate_masks(size)} == expected
+    assert all(topo.is_preferred_set(s) for s in expected)
+
+
+def test_candidate_pairs_and_preferred_examples() -> None:
     topo = Topology.regular("torus4x4", 16)
     pairs = {members(m) for m in topo.candidate_masks(2)}
     assert (0, 1) in pairs and (0, 3) in pairs and (0, 4) not in pairs  # within one row, wrap included
-    assert len(pairs) == 16
-    assert {members(m) for m in topo.candidate_masks(4)} == set(topo.connected_groups(4))
-    sixes = [members(m) for m in topo.candidate_masks(6)]
-    assert all(max(s) < 8 or min(s) >= 8 for s in sixes) and all(topo.is_connected(s) for s in sixes)
+    assert len(pairs) == 16  # 4 rows x 4 links of a 4-ring
     assert topo.is_preferred_set([4, 5, 6, 7]) and not topo.is_preferred_set([2, 3, 4, 5])
     assert topo.is_preferred_set([9]) and not topo.is_preferred_set([0, 5])
 
 
-def test_is_connected() -> None:
+@given(st.sets(st.integers(0, 15), min_size=1))
+def test_torus_is_connected_by_definition(devices: set[int]) -> None:
     topo = Topology.regular("torus4x4", 16)
-    assert topo.is_connected([0, 1, 5]) and not topo.is_connected([0, 5])
-    assert topo.is_connected([0, 12])  # vertical wrap
+    assert topo.is_connected(devices) == connected(devices, TRN2_LINKS)
+    assert topo.is_preferred_set(devices) == well_placed_on_torus(devices)
+
+
+@given(st.sets(st.integers(0, 11), min_size=1))
+def test_ring_is_connected_by_definition(devices: set[int]) -> None:
+    assert Topology.regular("ring", 12).is_connected(devices) == connected(devices, INF2_48_LINKS)
+
+
+@given(st.sets(st.integers(0, 5), min_size=1))
+def test_chain_is_connected_by_definition(devices: set[int]) -> None:
+    assert Topology.regular("chain", 6).is_connected(devices) == connected(devices, INF2_24_LINKS)
 
 
 def test_catalog_wins_over_irregular_links() -> None:
