@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from cdi_schema import assert_valid_cdi_spec
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
@@ -71,6 +72,7 @@ class Rig:
 
 def _spec(paths: HostPaths, uid: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((paths.cdi_root / f"k8s.neuron.aws.com-claim_{uid}.json").read_text())
+    assert_valid_cdi_spec(data)
     return data
 
 

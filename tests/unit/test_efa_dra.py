@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdi_schema import assert_valid_cdi_spec
 
 from accel_core.awsfacts import catalog
 from accel_core.dra.cdi import CdiSpecWriter
@@ -213,6 +214,7 @@ def test_prepare_writes_uverbs_and_rdma_cm(tmp_path: Path) -> None:
                                          "k8s.efa.aws.com/claim=u-1-request-efa")
     assert devices[1].cdi_device_ids == ("k8s.efa.aws.com/claim=u-1-efa-0000-50-00-0",)
     spec = json.loads(cdi.spec_path("u-1").read_text())
+    assert_valid_cdi_spec(spec)
     assert spec["kind"] == "k8s.efa.aws.com/claim"
     nodes = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
     assert nodes["u-1-request-efa"] == [{"path": "/dev/infiniband/rdma_cm", "permissions": "rw"}]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdi_schema import assert_valid_cdi_spec
 from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
@@ -87,6 +88,7 @@ class Rig:
     def spec(self, uid: str) -> dict[str, Any]:
         data = self.cdi.read(uid)
         assert data is not None, f"no CDI spec for {uid}"
+        assert_valid_cdi_spec(data)
         return data
 
 
