@@ -394,6 +394,7 @@ class SlicePublisher:
         self.unreachable_retry = unreachable_retry
         self._backoff = backoff_initial
         self.writes = 0
+        self.reconciles = 0  # completed reconcile passes: lets a caller wait for one to have looked at a change
         #: None until a write with taints shows whether the API server keeps them.
         self.taints_supported: bool | None = None
         #: Set whenever the server holds exactly the current device list.
@@ -476,6 +477,7 @@ class SlicePublisher:
         except NotReadyError:
             resource_version = None
         await self._reconcile()
+        self.reconciles += 1
         if self._failures:
             log.info("ResourceSlice sync recovered", extra=kv(driver=self.driver, failures=self._failures))
         self._failures = 0
@@ -494,6 +496,7 @@ class SlicePublisher:
                     return
                 self._wake.clear()
                 await self._reconcile()
+                self.reconciles += 1
         finally:
             for task in (watch, stopper):
                 task.cancel()

@@ -167,9 +167,19 @@ async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> N
         await asyncio.sleep(0.01)
 
 
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0.005)
+async def watching(api: FakeApi) -> None:
+    """Wait until the publisher's first sync is done (it lists and reconciles before it starts watching)."""
+    await until(lambda: bool(api.watchers), "the watch")
+
+
+async def reconciled(pub: SlicePublisher, api: FakeApi) -> None:
+    """Replay our slices as watch events and wait for the reconcile pass they cause: anything the publisher would
+    write for the current state has been written when this returns."""
+    before = pub.reconciles
+    assert api.ours(), "replaying needs a published slice"
+    for obj in api.ours():
+        api._emit("MODIFIED", obj)
+    await until(lambda: pub.reconciles > before, "a reconcile pass")
 
 
 def run_with(api: FakeApi, scenario: Callable[[SlicePublisher, FakeApi], Awaitable[None]], **kw: Any) -> None:
@@ -218,7 +228,7 @@ def test_without_taints_leaves_tainted_devices_out() -> None:
 # -- publishing -----------------------------------------------------------------------------------------------------
 def test_publishes_once_then_writes_only_on_change() -> None:
     async def scenario(pub: SlicePublisher, api: FakeApi) -> None:
-        await settle()
+        await watching(api)
         assert api.writes == [], "nothing is written before the driver hands over its device list"
         pub.set_devices(devices(4))
         await asyncio.wait_for(pub.published.wait(), 5)
@@ -228,8 +238,7 @@ def test_publishes_once_then_writes_only_on_change() -> None:
         assert len(api.writes) == 1
         # the same list again, and watch events for our own write: no writes
         pub.set_devices(devices(4))
-        api._emit("MODIFIED", obj)
-        await settle()
+        await reconciled(pub, api)
         assert len(api.writes) == 1 and pub.writes == 1
         # a change: same slice replaced with the generation bumped
         pub.set_devices(devices(5))
@@ -251,7 +260,7 @@ def test_restart_adopts_matching_slices_without_writing() -> None:
     async def second(pub: SlicePublisher, api: FakeApi) -> None:
         pub.set_devices(devices(3))
         await asyncio.wait_for(pub.published.wait(), 5)
-        await settle()
+        await reconciled(pub, api)
         assert pub.writes == 0 and pub.generation == 1
 
     run_with(api, first)
@@ -277,20 +286,20 @@ def test_retries_with_backoff_while_the_api_server_is_away() -> None:
 
     async def scenario(pub: SlicePublisher, api: FakeApi) -> None:
         pub.set_devices(devices(2))
-        await asyncio.sleep(0.2)
+        await until(lambda: pub.metrics.errors.labels(DRIVER)._value.get() >= 2, "two failed attempts")
         assert not pub.published.is_set() and api.ours() == []
-        assert pub.metrics.errors.labels(DRIVER)._value.get() >= 2
         api.down = False
         await asyncio.wait_for(pub.published.wait(), 5)
         assert len(api.ours()) == 1
         # the watch breaks and the server goes away again: relist, nothing to write
         api.down = True
+        failed = pub.metrics.errors.labels(DRIVER)._value.get()
         api._emit("BREAK", {})
-        await asyncio.sleep(0.1)
+        await until(lambda: pub.metrics.errors.labels(DRIVER)._value.get() >= failed + 2, "retries while away")
+        before = pub.reconciles
         api.down = False
-        await until(lambda: ("list", "") in api.calls[-3:], "the relist")
-        await settle()
-        assert pub.writes == 1
+        await until(lambda: pub.reconciles > before, "the reconcile after the relist")
+        assert ("list", "") in api.calls[-3:] and pub.writes == 1
     run_with(api, scenario)
 
 
@@ -320,7 +329,7 @@ def test_dropped_taints_fall_back_to_leaving_devices_out() -> None:
                     and len(api.ours()[0]["spec"]["devices"]) == 3, "the fallback")
         assert [d["name"] for d in api.ours()[0]["spec"]["devices"]] == ["dev-0", "dev-1", "dev-3"]
         writes = len(api.writes)
-        await settle()
+        await reconciled(pub, api)
         assert len(api.writes) == writes, "no write loop"
         pub.set_devices(devices(4))  # healed
         await until(lambda: len(api.ours()[0]["spec"]["devices"]) == 4, "the healed device")
@@ -331,7 +340,7 @@ def test_taints_kept_when_the_server_supports_them() -> None:
     async def scenario(pub: SlicePublisher, api: FakeApi) -> None:
         pub.set_devices(devices(2, tainted=(1,)))
         await asyncio.wait_for(pub.published.wait(), 5)
-        await settle()
+        await reconciled(pub, api)
         assert pub.taints_supported is True and pub.writes == 1
         assert api.ours()[0]["spec"]["devices"][1]["taints"][0]["value"] == "Broken"
     run_with(FakeApi(), scenario)
@@ -361,7 +370,7 @@ def test_set_devices_validates_before_anything_is_sent() -> None:
     async def scenario(pub: SlicePublisher, api: FakeApi) -> None:
         with pytest.raises(ValueError, match="device dev-0.*65 characters"):
             pub.set_devices([SliceDevice("dev-0", {"s": "x" * 65})])
-        await settle()
+        await watching(api)
         assert api.writes == []
     run_with(FakeApi(), scenario)
 
@@ -441,13 +450,13 @@ def test_an_unreachable_server_is_retried_at_a_flat_short_interval() -> None:
     api.error = httpx2.ConnectError("connection refused")
 
     async def scenario(pub: SlicePublisher, fake: FakeApi) -> None:
-        await asyncio.sleep(1.2)
-        assert len(api.attempts) >= 15  # exponential (0.05 doubling to 0.4) would have made about 6
-        assert max(gaps(api.attempts)) < 0.1
+        await until(lambda: len(api.attempts) >= 15, "15 attempts", timeout=30)
+        # flat: exponential (0.05 doubling to 0.4, -20% jitter) would have a gap of at least 0.32 s by now
+        assert max(gaps(api.attempts)) < 0.3
         api.error = ApiError(status=Status(code=503, message="the server is currently unable to handle the request"))
         before = len(api.attempts)
-        await asyncio.sleep(0.5)
-        assert len(api.attempts) - before >= 6  # an API server still starting counts as not there yet
+        await until(lambda: len(api.attempts) >= before + 6, "six more attempts", timeout=30)
+        assert max(gaps(api.attempts[before:])) < 0.3  # an API server still starting counts as not there yet
         api.error = None
         pub.set_devices(devices(1))
         await asyncio.wait_for(pub.published.wait(), 1)
