@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
+from waits import logged, until
 
 from accel_core.deviceplugin import AdvertisedDevice, AllocationError, DevicePluginServer
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
@@ -139,15 +141,17 @@ def test_reregisters_after_kubelet_restart_and_socket_deletion(short_tmp: Path) 
     run(scenario())
 
 
-def test_waits_for_absent_kubelet_and_no_devices(short_tmp: Path) -> None:
+def test_waits_for_absent_kubelet_and_no_devices(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.server")
+
     async def scenario() -> None:
         policy = ListPolicy(0)
         async with running(short_tmp, policy, kubelet=False) as (standin, server):
-            await asyncio.sleep(0.5)
+            await until(logged(caplog, "no devices to advertise"), "the first reconcile")
             assert socket_files(standin.dp_dir) == [], "nothing to advertise: must not serve"
             policy.items = [AdvertisedDevice("w0")]
             await server.refresh()
-            await asyncio.sleep(0.5)
+            await until(logged(caplog, "waiting for the kubelet"), "the reconcile that serves")
             assert socket_files(standin.dp_dir) == ["widget.sock"], "serves once devices exist, kubelet or not"
             await standin.start()
             await standin.wait_registered(RESOURCE, timeout=3.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from waits import logged, until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.fakehost import FakeHost, build_host, clear_host
@@ -147,10 +149,12 @@ def test_device_removed_and_restored(short_tmp: Path) -> None:
     run(scenario())
 
 
-def test_no_efa_node_registers_when_devices_appear(short_tmp: Path) -> None:
+def test_no_efa_node_registers_when_devices_appear(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.server")
+
     async def scenario() -> None:
         async with node(short_tmp, "p4d.24xlarge", efa=False) as n:
-            await asyncio.sleep(1.5)  # a few rescans: still alive, nothing served or registered
+            await until(logged(caplog, "no devices to advertise"), "the decision not to serve")
             assert socket_files(n.standin.dp_dir) == ["kubelet.sock"]
             assert n.standin.registrations == []
             clear_host(n.host.root)

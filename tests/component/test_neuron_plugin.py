@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.fakehost import FakeHost, build_host
@@ -130,7 +132,8 @@ def test_no_double_counting_both_ways(short_tmp: Path) -> None:
                 await r.standin.allocate(CORE, ["6"])
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             r.standin.pod_resources = [pod("uses-neuron", NEURON, ["3"])]
-            await asyncio.sleep(0.3)  # several List polls: still in use
+            polls = r.standin.pod_resources_calls
+            await until(lambda: r.standin.pod_resources_calls >= polls + 2, "two PodResources polls")  # still in use
             assert unhealthy(r.standin.plugins[CORE].devices) == {"6", "7"}
             r.standin.pod_resources = []  # the pod is gone
             await r.standin.wait_devices(CORE, health_is(set(), 32))
@@ -157,10 +160,13 @@ def test_restart_learns_usage_before_advertising(short_tmp: Path) -> None:
     run(scenario())
 
 
-def test_node_without_neuron_keeps_running(short_tmp: Path) -> None:
+def test_node_without_neuron_keeps_running(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.server")
+
     async def scenario() -> None:
         async with running(short_tmp, "c5.large") as r:
-            await asyncio.sleep(1.0)
+            await until(lambda: sum("no devices to advertise" in m.getMessage() for m in caplog.records) >= 2,
+                        "both servers deciding there is nothing to advertise")
             assert r.standin.registrations == []
             assert not set(socket_files(r.standin.dp_dir)) & {"neuron-devplugin.sock", "neuroncore-devplugin.sock"}
     run(scenario())
