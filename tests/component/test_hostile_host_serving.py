@@ -60,11 +60,17 @@ def scrape(port: int) -> str:
         return resp.read().decode()
 
 
-async def until_scraped(port: int, needle: str, timeout: float = 10.0) -> None:
+def read_errors(text: str, device: str) -> float:
+    """The device's ``efa_counter_read_errors_total`` sample in a scrape (0 before the first error)."""
+    prefix = f'efa_counter_read_errors_total{{device="{device}"}} '
+    return next((float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+
+
+async def until_read_errors_above(port: int, device: str, count: float, timeout: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while needle not in await asyncio.to_thread(scrape, port):
-        assert loop.time() < deadline, f"{needle} never appeared in /metrics"
+    while read_errors(await asyncio.to_thread(scrape, port), device) <= count:
+        assert loop.time() < deadline, f"no new read error counted for {device} in /metrics"
         await asyncio.sleep(0.2)
 
 
@@ -113,17 +119,16 @@ def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path
             others = [i for i in ids if i != victim_id]
             for target, unhealthy in targets:
                 for how in HOW:
+                    errors_before = read_errors(await asyncio.to_thread(scrape, port), victim)
                     break_file(host.root / target, how)
                     if unhealthy:  # the victim goes Unhealthy or away; the others stay Healthy and listed
                         await standin.wait_devices(EFA, lambda d: health(d, others.__contains__) == dict.fromkeys(
                             others, "Healthy") and health(d, victim_id.__eq__) != {victim_id: "Healthy"}, timeout=10)
-                    else:
-                        await asyncio.sleep(0.3)
+                    else:  # the daemon has read the broken file once one more read error is counted
+                        await until_read_errors_above(port, victim, errors_before)
                     assert proc.poll() is None
                     text = await asyncio.to_thread(scrape, port)
                     assert 'efa_device_healthy{device="' in text
-                    if not unhealthy:  # the snapshot is at most 2 s old
-                        await until_scraped(port, f'efa_counter_read_errors_total{{device="{victim}"}}')
                     restore(pristine, host, target)
                     await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d),
                                                timeout=10)
