@@ -38,7 +38,8 @@ BUILD_TIMEOUT_S = 3 * 3600
 
 
 def find_or_build_helm() -> Path:
-    """The helm binary that scripts/build-kube.sh caches; built (under the shared build lock) when missing."""
+    """The helm binary that scripts/build-kube.sh caches; when missing, only helm is built (under the shared build
+    lock), not the whole control plane."""
     helm = kube_bin_dir() / "helm"
     if os.access(helm, os.X_OK):
         return helm
@@ -47,7 +48,7 @@ def find_or_build_helm() -> Path:
     with (root / ".build.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same thing
         if not os.access(helm, os.X_OK):
-            subprocess.run(["bash", str(build_script())], check=True, timeout=BUILD_TIMEOUT_S)
+            subprocess.run(["bash", str(build_script()), "--helm-only"], check=True, timeout=BUILD_TIMEOUT_S)
     if not os.access(helm, os.X_OK):
         raise RuntimeError(f"{build_script()} finished but {helm} is still missing")
     return helm
