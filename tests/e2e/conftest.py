@@ -58,8 +58,9 @@ def _uses_control_plane(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Build the binaries before the first test that needs them, if they are not cached yet."""
-    if not any(_uses_control_plane(i) for i in items):
+    """Build the binaries before the first test that needs them, if they are not cached yet (never for
+    ``--collect-only``, which runs nothing)."""
+    if config.option.collectonly or not any(_uses_control_plane(i) for i in items):
         return
     bin_dir = kube_bin_dir()
     if not missing_binaries(bin_dir):
