@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import hostcache
 import pytest
 
 # Fake hosts are thousands of small files (a trn2.48xlarge tree is ~12k): on tmpfs the suite's file work is about
@@ -56,3 +57,11 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pristine_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where tests/hostcache.py keeps the fake hosts it generates once per session."""
+    hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
+    yield
+    hostcache.ROOT = None

@@ -15,11 +15,11 @@ from typing import Any
 
 import grpc
 import pytest
+from hostcache import copy_host
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.dra.service import DraService
-from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
@@ -81,7 +81,7 @@ class OtherInstance:
 @pytest.mark.parametrize("driver", sorted(DRIVERS))
 def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_tmp: Path, driver: str) -> None:
     profile, instance_type, device = DRIVERS[driver]
-    build_host(short_tmp / "h", instance_type)
+    copy_host(short_tmp / "h", instance_type)
     paths = HostPaths(host_root=short_tmp / "h", kubelet_root=short_tmp / "k", cdi_root=short_tmp / "cdi",
                       device_plugins=short_tmp / "k" / "device-plugins")
     standin = KubeletStandIn(paths.kubelet_root)

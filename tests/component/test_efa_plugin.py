@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hostcache import copy_host
 from prometheus_client import CollectorRegistry, generate_latest
 from waits import logged, until
 
@@ -39,7 +40,7 @@ class Node:
 
 @contextlib.asynccontextmanager
 async def node(short_tmp: Path, instance_type: str, *, efa: bool = True) -> AsyncIterator[Node]:
-    host = build_host(short_tmp / "h", instance_type, efa=efa)
+    host = copy_host(short_tmp / "h", instance_type, efa=efa)
     standin = KubeletStandIn(short_tmp / "k")
     await standin.start(pod_resources=True)
     registry = CollectorRegistry()
@@ -207,7 +208,7 @@ def test_metrics_scrape(short_tmp: Path) -> None:
 
 def test_serve_process_registers_and_stops_cleanly_on_sigterm(short_tmp: Path) -> None:
     async def scenario() -> None:
-        host = build_host(short_tmp / "h", "p4d.24xlarge")
+        host = copy_host(short_tmp / "h", "p4d.24xlarge")
         standin = KubeletStandIn(short_tmp / "k")
         await standin.start()
         env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -16,8 +16,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from hostcache import copy_host
+
 from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
 EFA = "vpc.amazonaws.com/efa"
@@ -95,7 +97,7 @@ async def stop(proc: subprocess.Popen[bytes]) -> str:
 
 def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path) -> None:
     async def scenario() -> None:
-        host = build_host(short_tmp / "h", "p4d.24xlarge")
+        host = copy_host(short_tmp / "h", "p4d.24xlarge")
         victim = host.efa_ibdevs[1]
         pristine = short_tmp / "pristine"
         shutil.copytree(host.root, pristine, symlinks=True)
@@ -144,7 +146,7 @@ def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path
 
 def test_neuron_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path) -> None:
     async def scenario() -> None:
-        host = build_host(short_tmp / "h", "trn1.32xlarge")
+        host = copy_host(short_tmp / "h", "trn1.32xlarge")
         pristine = short_tmp / "pristine"
         shutil.copytree(host.root, pristine, symlinks=True)
         base = Path("sys/devices/virtual/neuron_device/neuron3")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hostcache import copy_host
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from accel_core.fakehost import build_host
 from accel_core.metrics_http import MetricsServer
 
 
@@ -247,7 +247,7 @@ def wait_listening(pid: int, port: int, timeout: float = 30.0) -> list[str]:
 
 
 def test_daemon_listens_on_loopback_and_stops_promptly_under_half_open_connections(short_tmp: Path) -> None:
-    build_host(short_tmp / "host", "p4d.24xlarge")
+    copy_host(short_tmp / "host", "p4d.24xlarge")
     (short_tmp / "kubelet").mkdir()
     port = free_port()
     env = {"PATH": "/usr/bin:/bin", "METRICS_PORT": str(port)}

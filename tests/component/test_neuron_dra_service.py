@@ -14,11 +14,12 @@ from typing import Any
 
 import grpc
 from cdi_schema import assert_valid_cdi_spec
+from hostcache import copy_host
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.dra.service import DraService
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.paths import HostPaths
 from neuron_dra.dra.profile import NeuronProfile
@@ -48,7 +49,7 @@ class Reader:
 
 class Rig:
     def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
-        self.host: FakeHost = build_host(root / "h", instance_type)
+        self.host: FakeHost = copy_host(root / "h", instance_type)
         self.paths = HostPaths(host_root=root / "h", kubelet_root=root / "k", cdi_root=root / "cdi",
                                device_plugins=root / "k" / "device-plugins")
         self.standin = KubeletStandIn(self.paths.kubelet_root)

@@ -18,10 +18,11 @@ from typing import Any
 
 import grpc
 import pytest
+from hostcache import copy_host
 from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.paths import HostPaths
@@ -46,7 +47,7 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 @contextlib.asynccontextmanager
 async def running(short_tmp: Path, itype: str, lnc: int | None = None,
                   pods: list[pr.PodResources] | None = None) -> AsyncIterator[Running]:
-    fake = build_host(short_tmp / "host", itype, lnc=lnc)
+    fake = copy_host(short_tmp / "host", itype, lnc=lnc)
     standin = KubeletStandIn(short_tmp / "kubelet")
     standin.pod_resources = list(pods or [])
     await standin.start(pod_resources=True)
@@ -242,7 +243,7 @@ def _free_port() -> int:
 
 def test_serve_subprocess_sigterm(short_tmp: Path) -> None:
     async def scenario() -> None:
-        fake = build_host(short_tmp / "host", "inf2.xlarge")
+        fake = copy_host(short_tmp / "host", "inf2.xlarge")
         fake.set_neuron_counter(0, "stats/hardware/mem_ecc_uncorrected/total", 0)
         standin = KubeletStandIn(short_tmp / "kubelet")
         await standin.start(pod_resources=True)

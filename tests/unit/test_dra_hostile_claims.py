@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostcache import copy_host
 from lightkube import AsyncClient, KubeConfig
 
 from accel_core.dra.cdi import CdiSpecWriter
@@ -25,7 +26,6 @@ from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
-from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import discover
 from neuron_dra.dra.profile import NeuronProfile
@@ -55,7 +55,7 @@ class RecordingReader:
 
 class Rig:
     def __init__(self, root: Path) -> None:
-        build_host(root / "host", "inf2.48xlarge")
+        copy_host(root / "host", "inf2.48xlarge")
         self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                                device_plugins=root / "kubelet" / "device-plugins")
         self.inventory = discover(self.paths)

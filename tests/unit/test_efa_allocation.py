@@ -7,9 +7,9 @@ import random
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
-from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin.allocation import Topology, first_fit, topology_path
 from efa_plugin.discovery import EfaDevice, discover
@@ -159,7 +159,7 @@ def test_unknown_placement_still_allocates() -> None:
 
 def test_property_p5_random_sequences_whole_roots(tmp_path: Path) -> None:
     """On the discovered p5 inventory: every k x 4 request made while >= k whole roots are free gets whole roots."""
-    build_host(tmp_path / "host", "p5.48xlarge")
+    copy_host(tmp_path / "host", "p5.48xlarge")
     topo = Topology(discover(HostPaths(host_root=tmp_path / "host")).devices)
     groups = topo.groups()
     assert len(groups) == 8

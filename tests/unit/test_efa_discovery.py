@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, cli
 from efa_plugin.discovery import EfaInventory, discover
@@ -34,7 +35,7 @@ EXPECTED = {
 
 def host_of(tmp_path: Path, instance_type: str, efa: bool = True) -> tuple[FakeHost, HostPaths]:
     """A fresh host tree that the test may change."""
-    host = build_host(tmp_path / "host", instance_type, efa=efa)
+    host = copy_host(tmp_path / "host", instance_type, efa=efa)
     return host, HostPaths(host_root=host.root)
 
 
@@ -46,7 +47,7 @@ def shared_host(tmp_path_factory: pytest.TempPathFactory) -> SharedHost:
     def get(instance_type: str, efa: bool = True) -> tuple[FakeHost, HostPaths]:
         key = (instance_type, efa)
         if key not in built:
-            built[key] = build_host(tmp_path_factory.mktemp("efa-host"), instance_type, efa=efa)
+            built[key] = copy_host(tmp_path_factory.mktemp("efa-host"), instance_type, efa=efa)
         return built[key], HostPaths(host_root=built[key].root)
 
     return get

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from cdi_schema import assert_valid_cdi_spec
+from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
 from accel_core.dra.cdi import CdiSpecWriter
@@ -24,7 +25,7 @@ from accel_core.dra.profile import tainted
 from accel_core.dra.slices import SliceDevice, Version, validate_devices
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from efa_plugin.dra.cli import main
 from efa_plugin.dra.profile import EfaConfig, EfaProfile
@@ -48,7 +49,7 @@ TRN2_DEVICE0_GROUPS = {"resource.aws.com/devicegroup1_id": "0000:c9:00.0",
 
 
 def host(tmp_path: Path, instance_type: str) -> tuple[FakeHost, HostPaths]:
-    fake = build_host(tmp_path / "host", instance_type)
+    fake = copy_host(tmp_path / "host", instance_type)
     return fake, HostPaths(host_root=fake.root, kubelet_root=tmp_path / "kubelet", cdi_root=tmp_path / "cdi",
                            device_plugins=tmp_path / "kubelet" / "device-plugins")
 
@@ -282,6 +283,6 @@ def test_slices_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert obj["metadata"]["ownerReferences"][0]["uid"] == "u7"
     assert obj["spec"]["driver"] == DRIVER and obj["spec"]["pool"]["name"] == "n1"
     assert len(obj["spec"]["devices"]) == 8
-    build_host(tmp_path / "empty", "c5.large")
+    copy_host(tmp_path / "empty", "c5.large")
     assert main(["slices", "--host-root", str(tmp_path / "empty"), "--node-name", "n1"]) == 0
     assert json.loads(capsys.readouterr().out) == []

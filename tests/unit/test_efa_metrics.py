@@ -6,10 +6,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.fakehost.layout import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 from accel_core.metrics import CallbackCollector
 from accel_core.paths import HostPaths
@@ -38,7 +39,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 @pytest.fixture
 def setup(tmp_path: Path) -> Setup:
-    host = build_host(tmp_path / "host", "p5en.48xlarge")
+    host = copy_host(tmp_path / "host", "p5en.48xlarge")
     policy = EfaPolicy(HostPaths(host_root=host.root))
     policy.rediscover()
     in_use: set[str] = {"0000:55:00.0"}
@@ -91,7 +92,7 @@ def test_port_state_health_and_allocations(setup: Setup) -> None:
 
 
 def test_no_allocated_series_when_kubelet_unreachable(tmp_path: Path) -> None:
-    host = build_host(tmp_path / "host", "p4d.24xlarge")
+    host = copy_host(tmp_path / "host", "p4d.24xlarge")
     policy = EfaPolicy(HostPaths(host_root=host.root))
     policy.rediscover()
     registry = CollectorRegistry()
@@ -123,7 +124,7 @@ def test_unreadable_and_malformed_counters_are_skipped_and_logged_once(
 
 
 def test_counters_only_under_the_port_as_older_drivers_do(tmp_path: Path) -> None:
-    host = build_host(tmp_path / "host", "p4d.24xlarge")
+    host = copy_host(tmp_path / "host", "p4d.24xlarge")
     for f in (host.ibdev_dir("rdmap16s27") / "hw_counters").iterdir():
         f.unlink()
     (host.ibdev_dir("rdmap16s27") / "hw_counters").rmdir()

@@ -6,9 +6,10 @@ import logging
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 
 from accel_core.deviceplugin.policy import AllocationError
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.policy import EfaPolicy
@@ -16,7 +17,7 @@ from efa_plugin.policy import EfaPolicy
 
 @pytest.fixture
 def p5(tmp_path: Path) -> tuple[FakeHost, EfaPolicy]:
-    host = build_host(tmp_path / "host", "p5.48xlarge")
+    host = copy_host(tmp_path / "host", "p5.48xlarge")
     policy = EfaPolicy(HostPaths(host_root=host.root))
     assert policy.rediscover()
     return host, policy
@@ -105,7 +106,7 @@ def test_no_efa_node_says_so_once_and_picks_devices_up_later(tmp_path: Path,
     lines = [r for r in caplog.records if r.getMessage().startswith("no EFA device on this node")]
     assert len(lines) == 1
     assert policy.devices() == []
-    build_host(tmp_path / "host", "p4d.24xlarge")
+    copy_host(tmp_path / "host", "p4d.24xlarge")
     assert policy.rediscover()
     assert len(policy.devices()) == 4
 

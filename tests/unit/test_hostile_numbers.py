@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 
-from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin import cli as efa_cli
 from efa_plugin.discovery import discover as discover_efa
@@ -27,7 +27,7 @@ from neuron_dra.dra.attributes import device_index
 
 
 def test_efa_port_directory_named_superscript_two(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    host = build_host(tmp_path / "host", "p4d.24xlarge")
+    host = copy_host(tmp_path / "host", "p4d.24xlarge")
     ports = host.ibdev_dir(host.efa_ibdevs[1]) / "ports"
     shutil.copytree(ports / "1", ports / "²")
     inv = discover_efa(HostPaths(host_root=host.root))
@@ -42,7 +42,7 @@ def test_efa_port_directory_named_superscript_two(tmp_path: Path, capsys: pytest
 
 
 def test_efa_counter_and_uverbs_with_unicode_digits(tmp_path: Path) -> None:
-    host = build_host(tmp_path / "host", "p4d.24xlarge")
+    host = copy_host(tmp_path / "host", "p4d.24xlarge")
     ibdev = host.efa_ibdevs[0]
     host.set_efa_counter(ibdev, "tx_bytes", 1, port=1)
     host.corrupt(f"{host.ibdev_dir(ibdev).relative_to(host.root)}/ports/1/hw_counters/tx_bytes", "１２\n")
@@ -65,7 +65,7 @@ def test_efa_counter_and_uverbs_with_unicode_digits(tmp_path: Path) -> None:
 
 
 def test_efa_numa_node_and_dev_with_odd_digits_are_device_problems(tmp_path: Path) -> None:
-    host = build_host(tmp_path / "host", "p4d.24xlarge")
+    host = copy_host(tmp_path / "host", "p4d.24xlarge")
     first, second = host.efa_ibdevs[:2]
     pci = host.path(f"/sys/class/infiniband/{first}/device").resolve()
     (pci / "numa_node").write_text("１\n")
@@ -83,7 +83,7 @@ def test_efa_numa_node_and_dev_with_odd_digits_are_device_problems(tmp_path: Pat
 
 @pytest.mark.parametrize("text", ["²\n", "１\n", "+2\n", "2 2\n"])
 def test_neuron_core_count_with_odd_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
-    host = build_host(tmp_path / "host", "trn1.32xlarge")
+    host = copy_host(tmp_path / "host", "trn1.32xlarge")
     for index in range(host.neuron_count):
         host.set_neuron_counter(index, "core_count", text.strip())
     inv = discover_neuron(HostPaths(host_root=host.root))
@@ -99,7 +99,7 @@ def test_neuron_core_count_with_odd_digits(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_neuron_counters_connected_devices_and_names_with_odd_digits(tmp_path: Path) -> None:
-    host = build_host(tmp_path / "host", "trn1.32xlarge")
+    host = copy_host(tmp_path / "host", "trn1.32xlarge")
     host.set_neuron_counter(3, "stats/hardware/mem_ecc_uncorrected/total", "٣")
     host.set_neuron_counter(4, "connected_devices", "１, 5")
     os.symlink("neuron1", host.path("/sys/class/neuron_device") / "neuron１")

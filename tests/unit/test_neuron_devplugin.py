@@ -6,10 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 from prometheus_client import CollectorRegistry, generate_latest
 
 from accel_core.deviceplugin import AllocationError
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.health import DeviceHealth, Problem, ProblemKind
 from accel_core.metrics import CallbackCollector
 from accel_core.paths import HostPaths
@@ -33,7 +34,7 @@ class Clock:
 
 def make(tmp_path: Path, itype: str, lnc: int | None = None, clock: Clock | None = None
          ) -> tuple[FakeHost, NeuronNode, NeuronDevicePolicy, NeuronCorePolicy]:
-    fake = build_host(tmp_path / "host", itype, lnc=lnc)
+    fake = copy_host(tmp_path / "host", itype, lnc=lnc)
     paths = HostPaths(host_root=fake.root, kubelet_root=tmp_path / "kubelet",
                       device_plugins=tmp_path / "kubelet" / "device-plugins")
     node = NeuronNode(paths, grace=30.0, clock=clock or Clock())
@@ -183,7 +184,7 @@ def test_health_follows_sysfs_dev_node_and_ecc(tmp_path: Path) -> None:
 def test_one_rule_for_the_device_plugin_and_the_dra_driver(tmp_path: Path) -> None:
     """Issue 14 item 11: both daemons see the same health, a restart forgives nothing, and only a reset of the
     counters (driver reload or reboot) heals a device with uncorrected errors."""
-    fake = build_host(tmp_path / "host", "trn1.2xlarge")
+    fake = copy_host(tmp_path / "host", "trn1.2xlarge")
     paths = HostPaths(host_root=fake.root, kubelet_root=tmp_path / "k",
                       device_plugins=tmp_path / "k" / "device-plugins")
     fake.set_neuron_counter(0, "stats/hardware/sram_ecc_uncorrected/total", 4)  # errors from before either started
@@ -204,7 +205,7 @@ def test_one_rule_for_the_device_plugin_and_the_dra_driver(tmp_path: Path) -> No
 
 
 def test_the_rule_reads_problem_kinds_not_messages(tmp_path: Path) -> None:
-    inv = discover(HostPaths(host_root=build_host(tmp_path / "host", "inf2.xlarge").root))
+    inv = discover(HostPaths(host_root=copy_host(tmp_path / "host", "inf2.xlarge").root))
     dev = inv.devices[0]
     assert device_health(replace(dev, problems=("/dev/neuron0: missing",))).healthy, "plain text is informational"
     odd = replace(dev, problems=(Problem("/dev/neuron0: gone away", ProblemKind.DEV_NODE_MISSING),))
@@ -259,7 +260,7 @@ def test_metrics_use_neuron_monitor_names(tmp_path: Path) -> None:
 
 
 def test_ls_table_looks_like_neuron_ls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    fake = build_host(tmp_path / "host", "inf2.xlarge")
+    fake = copy_host(tmp_path / "host", "inf2.xlarge")
     assert main(["ls", "--host-root", str(fake.root)]) == 0
     out = capsys.readouterr().out
     assert "instance-type: inf2.xlarge" in out
@@ -269,7 +270,7 @@ def test_ls_table_looks_like_neuron_ls(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_ls_without_hardware(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    fake = build_host(tmp_path / "host", "c5.large")
+    fake = copy_host(tmp_path / "host", "c5.large")
     assert main(["ls", "--host-root", str(fake.root)]) == 0
     out = capsys.readouterr().out
     assert "no Neuron devices found" in out and "aws.amazon.com/neuron=0 aws.amazon.com/neuroncore=0" in out

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import cli
 from neuron_dra.discovery import LNC_FILE, discover, parse_connected, parse_lnc
@@ -40,7 +41,7 @@ EXPECTED = {
 
 def host(tmp_path: Path, itype: str, lnc: int | None = None) -> tuple[FakeHost, HostPaths]:
     """A fresh tree for tests that mutate it."""
-    fake = build_host(tmp_path / "host", itype, lnc=lnc)
+    fake = copy_host(tmp_path / "host", itype, lnc=lnc)
     return fake, HostPaths(host_root=fake.root)
 
 
@@ -51,7 +52,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int | N
 
     def get(itype: str, lnc: int | None = None) -> Path:
         if (itype, lnc) not in built:
-            built[(itype, lnc)] = build_host(tmp_path_factory.mktemp("pristine") / "host", itype, lnc=lnc).root
+            built[(itype, lnc)] = copy_host(tmp_path_factory.mktemp("pristine") / "host", itype, lnc=lnc).root
         return built[(itype, lnc)]
 
     return get

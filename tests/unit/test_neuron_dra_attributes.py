@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
@@ -17,7 +18,6 @@ from accel_core.dra.slices import (
     build_slices,
     validate_devices,
 )
-from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
@@ -33,7 +33,7 @@ def neuron_spec(instance_type: str) -> catalog.NeuronSpec:
 
 
 def _inventory(root: Path, instance_type: str):  # type: ignore[no-untyped-def]
-    build_host(root, instance_type)
+    copy_host(root, instance_type)
     return discover(HostPaths(host_root=root))
 
 
@@ -131,7 +131,7 @@ def test_trn2_torus_rows_and_pci(tmp_path: Path) -> None:
 
 
 def test_unhealthy_devices_are_tainted(tmp_path: Path) -> None:
-    host = build_host(tmp_path, "trn1.32xlarge")
+    host = copy_host(tmp_path, "trn1.32xlarge")
     host.remove_neuron(3)
     host.set_neuron_counter(5, "stats/hardware/mem_ecc_uncorrected/total", 2)
     inv = discover(HostPaths(host_root=tmp_path))
@@ -148,7 +148,7 @@ def test_unhealthy_devices_are_tainted(tmp_path: Path) -> None:
 
 
 def test_dev_node_missing_is_unhealthy(tmp_path: Path) -> None:
-    host = build_host(tmp_path, "inf2.xlarge")
+    host = copy_host(tmp_path, "inf2.xlarge")
     host.remove_dev_node("/dev/neuron0")
     cond = assess(discover(HostPaths(host_root=tmp_path)))
     assert (cond[0].healthy, cond[0].reason) == (False, "DevNodeMissing")

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hostcache import copy_host
 
-from accel_core.fakehost import build_host
 from neuron_dra.dra.cli import CLI, main
 
 
 def test_slices_prints_the_pool_as_yaml_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    host = build_host(tmp_path / "host", "trn1.32xlarge")
+    host = copy_host(tmp_path / "host", "trn1.32xlarge")
     host.remove_dev_node("/dev/neuron2")
     assert main(["slices", "--host-root", str(tmp_path / "host"), "--node-name", "n1", "--output", "yaml"]) == 0
     [obj] = yaml.safe_load(capsys.readouterr().out)
@@ -35,7 +35,7 @@ def test_slices_prints_the_pool_as_yaml_and_json(tmp_path: Path, capsys: pytest.
 
 
 def test_no_hardware_prints_no_slices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    build_host(tmp_path / "host", "c5.large")
+    copy_host(tmp_path / "host", "c5.large")
     assert main(["slices", "--host-root", str(tmp_path / "host"), "--node-name", "n1"]) == 0
     assert json.loads(capsys.readouterr().out) == []
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from cdi_schema import assert_valid_cdi_spec
+from hostcache import copy_host
 from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
@@ -23,7 +24,7 @@ from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
-from accel_core.fakehost import FakeHost, build_host
+from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory, discover
 from neuron_dra.dra.profile import NeuronProfile
@@ -63,7 +64,7 @@ class Rig:
     """A fake host plus a driver wired to it; ``restart()`` builds a new driver on the same files."""
 
     def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
-        self.host: FakeHost = build_host(root / "host", instance_type)
+        self.host: FakeHost = copy_host(root / "host", instance_type)
         self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                                device_plugins=root / "kubelet" / "device-plugins")
         self.reader = FakeReader()
