@@ -4,8 +4,8 @@ The chart probes service ``liveness``; it answers SERVING only when the driver's
 ``GetInfo`` on the registration socket and an empty ``NodePrepareResources`` on the DRA socket (the same check
 the upstream DRA helper makes). The empty service name ``""`` reports the server itself.
 
-The two health messages are built at import time from a descriptor in a private pool, so no generated code or
-extra package (grpcio-health-checking) is needed and nothing clashes with a generated copy elsewhere.
+The messages and the servicer base come from grpcio-health-checking (the gRPC project's own generated
+``grpc.health.v1`` code); only ``Check`` is served, and it answers from a live check rather than a stored status.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accel_core.kubeletapi import dra_v1_pb2 as d1
 from accel_core.kubeletapi import dra_v1_pb2_grpc as d1_grpc
@@ -25,32 +25,11 @@ from accel_core.logs import kv
 
 log = logging.getLogger(__name__)
 
-SERVICE = "grpc.health.v1.Health"
 LIVENESS = "liveness"
-UNKNOWN, SERVING, NOT_SERVING, SERVICE_UNKNOWN = 0, 1, 2, 3
-
-
-def _health_messages() -> tuple[Any, Any]:
-    fdp = descriptor_pb2.FileDescriptorProto(name="accel_core/grpc_health_v1.proto", package="grpc.health.v1",
-                                             syntax="proto3")
-    req = fdp.message_type.add(name="HealthCheckRequest")
-    req.field.add(name="service", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                  label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    resp = fdp.message_type.add(name="HealthCheckResponse")
-    enum = resp.enum_type.add(name="ServingStatus")
-    for name, number in (("UNKNOWN", UNKNOWN), ("SERVING", SERVING), ("NOT_SERVING", NOT_SERVING),
-                         ("SERVICE_UNKNOWN", SERVICE_UNKNOWN)):
-        enum.value.add(name=name, number=number)
-    resp.field.add(name="status", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
-                   label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
-                   type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus")
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    return (message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")),
-            message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")))
-
-
-HealthCheckRequest, HealthCheckResponse = _health_messages()
+HealthCheckRequest = health_pb2.HealthCheckRequest
+HealthCheckResponse = health_pb2.HealthCheckResponse
+SERVING = HealthCheckResponse.SERVING
+NOT_SERVING = HealthCheckResponse.NOT_SERVING
 
 
 async def check_own_sockets(registration_socket: str, dra_socket: str, timeout: float = 3.0) -> str | None:
@@ -81,12 +60,7 @@ class LivenessServer:
 
     async def start(self) -> None:
         server = grpc.aio.server()
-        handler = grpc.method_handlers_generic_handler(SERVICE, {
-            "Check": grpc.unary_unary_rpc_method_handler(
-                self._handle_check, request_deserializer=HealthCheckRequest.FromString,
-                response_serializer=HealthCheckResponse.SerializeToString),
-        })
-        server.add_generic_rpc_handlers((handler,))
+        health_pb2_grpc.add_HealthServicer_to_server(_Health(self._check), server)
         bound = 0
         for address in dict.fromkeys((self._address, "0.0.0.0")):
             try:
@@ -108,7 +82,15 @@ class LivenessServer:
             await self._server.stop(grace=0.2)
             self._server = None
 
-    async def _handle_check(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+
+
+class _Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """``Check`` only; ``Watch`` and ``List`` stay unimplemented (the probe does not use them)."""
+
+    def __init__(self, check: Callable[[], Awaitable[str | None]]) -> None:
+        self._check = check
+
+    async def Check(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         service = request.service
         if service == "":
             return HealthCheckResponse(status=SERVING)

@@ -27,7 +27,7 @@ _edits = st.builds(ContainerEdits, device_nodes=st.lists(_nodes, max_size=3).map
                    env=st.lists(_env, max_size=3).map(tuple), mounts=st.lists(_mounts, max_size=2).map(tuple))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(devices=st.lists(st.tuples(_names, _edits), min_size=1, max_size=4, unique_by=lambda d: d[0]), common=_edits)
 def test_written_specs_are_valid(tmp_path_factory: pytest.TempPathFactory, devices: list[tuple[str, ContainerEdits]],
                                  common: ContainerEdits) -> None:

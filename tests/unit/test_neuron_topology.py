@@ -95,7 +95,7 @@ def test_connected_groups_are_the_documented_ones() -> None:
         assert [frozenset(members(m)) for m in topo.candidate_masks(size)] == groups
 
 
-@pytest.mark.parametrize("size", [2, 3, 5, 6, 7, 9, 12, 15])
+@pytest.mark.parametrize("size", [2, 3, 5, 6, 7, 12, 15])
 def test_candidate_sets_are_exactly_the_well_placed_sets(size: int) -> None:
     """Off the group sizes, the candidates are every connected set inside one group of the next documented size."""
     topo = Topology.regular("torus4x4", 16)
