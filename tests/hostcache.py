@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 from accel_core.fakehost import FakeHost, build_host
+from accel_core.paths import HostPaths
 
 #: Set by the session fixture in tests/conftest.py; without it (outside pytest) every call generates a tree.
 ROOT: Path | None = None
@@ -32,3 +33,9 @@ def copy_host(dest: Path, instance_type: str, *, efa: bool = True, lnc: int | No
         build_host(dest, instance_type, efa=efa, lnc=lnc)  # raises the builder's "already holds a tree" error
     subprocess.run(["cp", "-a", f"{pristine}/.", str(dest)], check=True)
     return FakeHost.attach(dest)
+
+
+def own_paths(host: FakeHost) -> HostPaths:
+    """The host's paths with the kubelet directories inside the fake tree too: nothing on the machine running the
+    tests (a real kubelet's sockets under /var/lib/kubelet) can change the outcome."""
+    return HostPaths(host_root=host.root, kubelet_root=host.root / "kubelet", device_plugins=host.root / "dp")

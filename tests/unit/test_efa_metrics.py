@@ -6,14 +6,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import copy_host, own_paths
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accel_core.fakehost import FakeHost
 from accel_core.fakehost.layout import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 from accel_core.metrics import CallbackCollector
-from accel_core.paths import HostPaths
 from efa_plugin.metrics import EfaMetrics
 from efa_plugin.policy import EfaPolicy
 
@@ -40,7 +39,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 @pytest.fixture
 def setup(tmp_path: Path) -> Setup:
     host = copy_host(tmp_path / "host", "p5en.48xlarge")
-    policy = EfaPolicy(HostPaths(host_root=host.root))
+    policy = EfaPolicy(own_paths(host))
     policy.rediscover()
     in_use: set[str] = {"0000:55:00.0"}
     registry = CollectorRegistry()
@@ -93,7 +92,7 @@ def test_port_state_health_and_allocations(setup: Setup) -> None:
 
 def test_no_allocated_series_when_kubelet_unreachable(tmp_path: Path) -> None:
     host = copy_host(tmp_path / "host", "p4d.24xlarge")
-    policy = EfaPolicy(HostPaths(host_root=host.root))
+    policy = EfaPolicy(own_paths(host))
     policy.rediscover()
     registry = CollectorRegistry()
     registry.register(CallbackCollector(EfaMetrics(policy, lambda: None)))
@@ -129,7 +128,7 @@ def test_counters_only_under_the_port_as_older_drivers_do(tmp_path: Path) -> Non
         f.unlink()
     (host.ibdev_dir("rdmap16s27") / "hw_counters").rmdir()
     host.write("/sys/class/infiniband/rdmap16s27/ports/1/hw_counters/cmds_err", "3\n")
-    policy = EfaPolicy(HostPaths(host_root=host.root))
+    policy = EfaPolicy(own_paths(host))
     policy.rediscover()
     registry = CollectorRegistry()
     registry.register(CallbackCollector(EfaMetrics(policy)))

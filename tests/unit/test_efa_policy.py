@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import copy_host, own_paths
 
 from accel_core.deviceplugin.policy import AllocationError
 from accel_core.fakehost import FakeHost
@@ -18,7 +18,7 @@ from efa_plugin.policy import EfaPolicy
 @pytest.fixture
 def p5(tmp_path: Path) -> tuple[FakeHost, EfaPolicy]:
     host = copy_host(tmp_path / "host", "p5.48xlarge")
-    policy = EfaPolicy(HostPaths(host_root=host.root))
+    policy = EfaPolicy(own_paths(host))
     assert policy.rediscover()
     return host, policy
 

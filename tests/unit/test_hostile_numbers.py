@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import copy_host, own_paths
 
 from accel_core.paths import HostPaths
 from efa_plugin import cli as efa_cli
@@ -35,7 +35,7 @@ def test_efa_port_directory_named_superscript_two(tmp_path: Path, capsys: pytest
     assert [p for p, _ in inv.devices[1].port_states] == [1]  # "²" is not a port
     assert efa_cli.main(["ls", "--host-root", str(host.root), "--output", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["healthy"] == 4
-    policy = EfaPolicy(HostPaths(host_root=host.root))
+    policy = EfaPolicy(own_paths(host))
     policy.rediscover()
     families = {m.name: m for m in EfaMetrics(policy)()}
     assert len(families["efa_port_active"].samples) == 4  # one port per device, no crash
