@@ -30,11 +30,16 @@ typecheck: setup
 protos: setup
 	$(BIN)/python scripts/gen_protos.py
 
+# Unit and component tests run on two workers (pytest-xdist); e2e tests start control planes and kubelets and run
+# one at a time.
+XDIST ?= -n 2
+
 unit: setup
-	$(BIN)/pytest tests/unit tests/component
+	$(BIN)/pytest $(XDIST) tests/unit tests/component
 
 test: setup kube lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST) tests/unit tests/component
+	$(BIN)/pytest tests/e2e
 
 bench: setup kube
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
