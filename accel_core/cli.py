@@ -146,9 +146,12 @@ class EnvArgumentParser(argparse.ArgumentParser):
         self._env_options: list[_EnvOption] = []
 
     def add_env_argument(self, *flags: str, env: str, type: Callable[[str], Any] = str,
-                         default: Any = None, help: str | None = None, **kwargs: Any) -> argparse.Action:
-        """``add_argument(*flags, type=type, default=default)`` whose default comes from ``env`` when it is set."""
-        action = self.add_argument(*flags, type=type, default=default, help=help, **kwargs)
+                         default: Any = None, help: str | None = None,
+                         group: argparse._ArgumentGroup | None = None, **kwargs: Any) -> argparse.Action:
+        """``add_argument(*flags, type=type, default=default)`` whose default comes from ``env`` when it is set
+        (listed under ``group`` in --help when one is given)."""
+        target = group if group is not None else self
+        action = target.add_argument(*flags, type=type, default=default, help=help, **kwargs)
         self._env_options.append(_EnvOption(tuple(flags), action.dest, env, type, default))
         return action
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 #: The kubelet's device manager serves ``kubelet.sock`` here whatever its ``--root-dir`` (the constant
@@ -78,26 +79,51 @@ class HostPaths:
         }
 
 
-def add_path_flags(parser: argparse.ArgumentParser) -> None:
-    """Add --host-root, --kubelet-root, --device-plugins-dir, --cdi-root, --registrar-dir and --plugins-dir."""
+def absolute_path(text: str) -> str:
+    """A path flag's value: absolute (a relative one would depend on the daemon's working directory)."""
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"expected an absolute path, got {text!r}")
+    return text
+
+
+class _EnvFlags(Protocol):
+    """The part of :class:`accel_core.cli.EnvArgumentParser` used here (cli imports this module, not the reverse)."""
+
+    def add_argument_group(self, title: str) -> argparse._ArgumentGroup: ...
+
+    def add_env_argument(self, *flags: str, env: str, type: Callable[[str], Any] = ..., help: str | None = None,
+                         group: argparse._ArgumentGroup | None = None) -> argparse.Action: ...
+
+
+def add_path_flags(parser: _EnvFlags) -> None:
+    """Add --host-root, --kubelet-root, --device-plugins-dir, --cdi-root, --registrar-dir and --plugins-dir, each
+    falling back to its environment variable through the parser's one env layer (bad values fail like any flag)."""
     g = parser.add_argument_group("paths")
-    g.add_argument("--host-root", help=f"root of the host's files, '/' on a node (env {ENV_HOST_ROOT})")
-    g.add_argument("--kubelet-root", help=f"kubelet --root-dir (env {ENV_KUBELET_ROOT}; default /var/lib/kubelet)")
-    g.add_argument("--device-plugins-dir",
-                   help=f"the kubelet's device-plugins directory; it does not move with --root-dir "
-                        f"(env {ENV_DEVICE_PLUGINS_DIR}; default {DEFAULT_DEVICE_PLUGINS_DIR})")
-    g.add_argument("--cdi-root", help=f"directory for CDI specs (env {ENV_CDI_ROOT}; default /var/run/cdi)")
-    g.add_argument("--registrar-dir", help=f"kubelet plugin registration directory (env {ENV_REGISTRAR_DIR})")
-    g.add_argument("--plugins-dir", help=f"kubelet plugins data directory (env {ENV_PLUGINS_DIR})")
+
+    def flag(name: str, env: str, help: str) -> None:
+        parser.add_env_argument(name, env=env, type=absolute_path, group=g, help=help)
+
+    flag("--host-root", ENV_HOST_ROOT, f"root of the host's files, '/' on a node (env {ENV_HOST_ROOT})")
+    flag("--kubelet-root", ENV_KUBELET_ROOT, f"kubelet --root-dir (env {ENV_KUBELET_ROOT}; default /var/lib/kubelet)")
+    flag("--device-plugins-dir", ENV_DEVICE_PLUGINS_DIR,
+         f"the kubelet's device-plugins directory; it does not move with --root-dir "
+         f"(env {ENV_DEVICE_PLUGINS_DIR}; default {DEFAULT_DEVICE_PLUGINS_DIR})")
+    flag("--cdi-root", ENV_CDI_ROOT, f"directory for CDI specs (env {ENV_CDI_ROOT}; default /var/run/cdi)")
+    flag("--registrar-dir", ENV_REGISTRAR_DIR, f"kubelet plugin registration directory (env {ENV_REGISTRAR_DIR})")
+    flag("--plugins-dir", ENV_PLUGINS_DIR, f"kubelet plugins data directory (env {ENV_PLUGINS_DIR})")
 
 
 def resolve_paths(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> HostPaths:
-    """Build HostPaths from parsed flags (if any) and the environment."""
-    env = os.environ if env is None else env
+    """HostPaths from flags parsed by :func:`add_path_flags` (their env fallback already applied by the parser),
+    or, with no ``args``, from the environment (``env``, default ``os.environ``) for callers without a parser."""
+    if args is None:
+        env = os.environ if env is None else env
 
     def pick(flag: str, env_name: str) -> str | None:
-        value = getattr(args, flag, None) if args is not None else None
-        return value or env.get(env_name) or None
+        if args is not None:
+            return getattr(args, flag, None) or None
+        assert env is not None
+        return env.get(env_name) or None
 
     host_root = pick("host_root", ENV_HOST_ROOT) or "/"
     kubelet_root = pick("kubelet_root", ENV_KUBELET_ROOT) or str(DEFAULT_KUBELET_ROOT)
