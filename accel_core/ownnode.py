@@ -14,7 +14,6 @@ token to its own Node and to the daemon's keys); a refusal is logged with the AP
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from accel_core.logs import kv
+from accel_core.watch import STOP, TIMEOUT, wake
 
 log = logging.getLogger(__name__)
 
@@ -78,37 +78,29 @@ class OwnNode:
                         extra=kv(node=self.node_name))
             return
         backoff = self.backoff_initial
-        stopper = asyncio.create_task(stop.wait())
-        try:
-            while not stop.is_set():
-                try:
-                    await self._sync()
-                    backoff = self.backoff_initial
-                    timeout = self.recheck
-                except ApiError as exc:
-                    timeout = backoff * (0.8 + 0.4 * random.random())
-                    log.warning("could not update our Node", extra=kv(
-                        node=self.node_name, code=exc.status.code, error=exc.status.message,
-                        retry_in=round(timeout, 2)))
-                    backoff = min(self.backoff_max, backoff * 2)
-                except Exception as exc:  # the API server is away (connection errors) or answered nonsense
-                    timeout = backoff * (0.8 + 0.4 * random.random())
-                    log.warning("could not reach the API server for our Node",
-                                extra=kv(node=self.node_name, error=repr(exc), retry_in=round(timeout, 2)))
-                    backoff = min(self.backoff_max, backoff * 2)
-                changed = asyncio.create_task(self._changed.wait())
-                done, _ = await asyncio.wait({changed, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if changed not in done:
-                    changed.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await changed
-                    if stopper in done:
-                        break
-                    self._written = None  # recheck or retry: read the Node again
-                else:
-                    await asyncio.sleep(self.settle)  # coalesce a burst of changes into one write
-        finally:
-            stopper.cancel()
+        while not stop.is_set():
+            try:
+                await self._sync()
+                backoff = self.backoff_initial
+                timeout = self.recheck
+            except ApiError as exc:
+                timeout = backoff * (0.8 + 0.4 * random.random())
+                log.warning("could not update our Node", extra=kv(
+                    node=self.node_name, code=exc.status.code, error=exc.status.message,
+                    retry_in=round(timeout, 2)))
+                backoff = min(self.backoff_max, backoff * 2)
+            except Exception as exc:  # the API server is away (connection errors) or answered nonsense
+                timeout = backoff * (0.8 + 0.4 * random.random())
+                log.warning("could not reach the API server for our Node",
+                            extra=kv(node=self.node_name, error=repr(exc), retry_in=round(timeout, 2)))
+                backoff = min(self.backoff_max, backoff * 2)
+            woke = await wake(stop, self._changed, timeout=timeout)
+            if woke == STOP:
+                break
+            if woke == TIMEOUT:
+                self._written = None  # recheck or retry: read the Node again
+            else:
+                await asyncio.sleep(self.settle)  # coalesce a burst of changes into one write
 
     async def _sync(self) -> None:
         assert self.client is not None and self.node_name

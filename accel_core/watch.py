@@ -1,7 +1,10 @@
-"""Change watching: inotify events on host paths (and udev events on a real host), with a slow periodic rescan.
+"""Change watching: inotify events on host paths (and udev events on a real host), with a slow periodic rescan and
+an optional fast poll tick; and :func:`wake`, the one "wait for a change, a timeout or stop" every daemon loop uses.
 
-Consumers ask for the next change and re-read what they care about; the watcher never parses files. Paths that do
-not exist yet are re-armed on every wake-up, so a device directory that appears later is watched from then on.
+Consumers iterate :meth:`ChangeWatcher.changes` and re-read what they care about; the watcher never parses files.
+The watch set is re-armed after every event and on the slow rescan (not on poll ticks, which must stay cheap), so a
+device directory that appears later is watched from then on: a path that does not exist yet is covered by a watch
+on its nearest existing parent.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,49 @@ WATCH_MASK = (
 )
 MAX_WATCHES = 4096
 
+#: What :func:`wake` returns.
+STOP, EVENT, TIMEOUT, TASK = "stop", "event", "timeout", "task"
+
+
+async def wake(
+    stop: asyncio.Event,
+    event: asyncio.Event | None = None,
+    *,
+    timeout: float | None = None,
+    tasks: Iterable[asyncio.Future[Any]] = (),
+) -> str:
+    """Wait until ``stop`` is set, ``event`` is set, ``timeout`` seconds pass or one of ``tasks`` finishes.
+
+    Returns :data:`STOP`, :data:`EVENT`, :data:`TIMEOUT` or :data:`TASK` (stop wins over the rest when several
+    happen at once). Neither event is cleared and no task is cancelled; the helper's own waiters are.
+    """
+    if stop.is_set():
+        return STOP
+    waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+    if event is not None:
+        waiters.append(asyncio.ensure_future(event.wait()))
+    pending = {*waiters, *tasks}
+    try:
+        await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    if stop.is_set():
+        return STOP
+    if event is not None and event.is_set():
+        return EVENT
+    if any(t.done() for t in tasks):
+        return TASK
+    return TIMEOUT
+
 
 class ChangeWatcher:
-    """Wake up on a change under any of ``paths`` (recursively to ``depth``), or every ``rescan_interval`` seconds.
+    """Wake up on a change under any of ``paths`` (recursively to ``depth``), every ``rescan_interval`` seconds
+    (reason ``"rescan"``) and, when ``poll_interval`` is given, on a fast tick (reason ``"poll"``) for consumers that
+    must read a few files without change events (sysfs port state, error counters).
 
-    ``paths_fn`` is called on every wake-up to get the current list, so the watch set follows the inventory.
+    ``paths_fn`` is called after every event and rescan to get the current list, so the watch set follows the
+    inventory.
     """
 
     def __init__(
@@ -38,12 +79,15 @@ class ChangeWatcher:
         paths_fn: Callable[[], Iterable[Path]],
         *,
         rescan_interval: float = 10.0,
+        poll_interval: float | None = None,
         debounce: float = 0.05,
         depth: int = 2,
         udev_subsystems: Iterable[str] = (),
     ) -> None:
         self._paths_fn = paths_fn
         self._rescan = rescan_interval
+        self._poll = poll_interval if poll_interval is not None and poll_interval < rescan_interval else None
+        self._next_rescan = 0.0
         self._debounce = debounce
         self._depth = depth
         self._udev_subsystems = tuple(udev_subsystems)
@@ -59,6 +103,7 @@ class ChangeWatcher:
         self._tasks.append(asyncio.create_task(self._pump_inotify()))
         self._start_udev()
         self._arm()
+        self._next_rescan = asyncio.get_running_loop().time() + self._rescan
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -79,17 +124,38 @@ class ChangeWatcher:
         self._kick.set()
 
     async def next_change(self) -> str:
-        """Wait for the next change (debounced) or the rescan timeout; returns the reason."""
+        """Wait for the next change (debounced), the rescan timeout or the poll tick; returns the reason."""
+        loop = asyncio.get_running_loop()
+        timeout = max(0.0, self._next_rescan - loop.time())
+        tick = "rescan"
+        if self._poll is not None and self._poll < timeout:
+            timeout, tick = self._poll, "poll"
         try:
-            await asyncio.wait_for(self._kick.wait(), timeout=self._rescan)
+            await asyncio.wait_for(self._kick.wait(), timeout=timeout)
             await asyncio.sleep(self._debounce)  # let a burst of writes land before the consumer reads
             reason = self._reason or "event"
         except TimeoutError:
-            reason = "rescan"
+            reason = tick
         self._kick.clear()
         self._reason = ""
-        self._arm()
+        if reason != "poll":
+            self._arm()
+            self._next_rescan = loop.time() + self._rescan
         return reason
+
+    async def changes(self, stop: asyncio.Event, *, tasks: Iterable[asyncio.Future[Any]] = ()) -> AsyncIterator[str]:
+        """Yield the reason of each change until ``stop`` is set or one of ``tasks`` finishes."""
+        tasks = tuple(tasks)
+        while True:
+            change = asyncio.ensure_future(self.next_change())
+            woke = await wake(stop, tasks=(change, *tasks))
+            if woke == TASK and change.done():
+                yield change.result()
+                continue
+            change.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await change
+            return
 
     # -- inotify -------------------------------------------------------------------------------------------------
     def _arm(self) -> None:

@@ -1,6 +1,7 @@
 """``efa-device-plugin``: the EFA device-plugin daemon (``serve``) and a read-only inventory view (``ls``).
 
-    efa-device-plugin serve [--host-root DIR] [--kubelet-root DIR] [--metrics-port 9810] [--rescan-interval 0.5]
+    efa-device-plugin serve [--host-root DIR] [--kubelet-root DIR] [--metrics-port 9810] [--rescan-interval 10]
+                            [--health-poll-interval 0.5]
     efa-device-plugin ls [--host-root DIR] [--output table|json]
 
 ``serve`` never exits for a node without EFA: it logs one line, advertises nothing, keeps watching and registers
@@ -35,8 +36,11 @@ log = logging.getLogger("efa_plugin")
 
 DAEMON_NAME = "efa-device-plugin"
 UDEV_SUBSYSTEMS = ("infiniband", "infiniband_verbs")
-#: a rescan of 32 devices costs ~3 ms; every 0.5 s keeps a port change on a real node (no sysfs event) under 1 s
-DEFAULT_RESCAN_S = 0.5
+#: a full rescan of 32 devices costs ~3 ms: on inotify/udev events and this slow safety interval only
+DEFAULT_RESCAN_S = 10.0
+#: reading the 32 port-state files costs ~0.2 ms; every 0.5 s keeps a port change on a real node (no sysfs event)
+#: under 1 s
+DEFAULT_HEALTH_POLL_S = 0.5
 
 
 def build_parser() -> EnvArgumentParser:
@@ -46,9 +50,13 @@ def build_parser() -> EnvArgumentParser:
     serve = sub.add_parser("serve", help="run the device plugin")
     add_common_flags(serve, metrics_port=METRICS_PORT)
     serve.add_env_argument("--rescan-interval", env="EFA_RESCAN_INTERVAL", type=seconds, default=DEFAULT_RESCAN_S,
-                           help="seconds between full host rescans; port state has no change event on real sysfs, "
-                                "so this bounds how fast a port going DOWN is seen (env EFA_RESCAN_INTERVAL; "
-                                f"default {DEFAULT_RESCAN_S})")
+                           help="seconds between full host rescans besides those inotify/udev events start "
+                                f"(env EFA_RESCAN_INTERVAL; default {DEFAULT_RESCAN_S})")
+    serve.add_env_argument("--health-poll-interval", env="EFA_HEALTH_POLL_INTERVAL", type=seconds,
+                           default=DEFAULT_HEALTH_POLL_S,
+                           help="seconds between reads of the ports' state files; port state has no change event "
+                                "on real sysfs, so this bounds how fast a port going DOWN is seen (env "
+                                f"EFA_HEALTH_POLL_INTERVAL; default {DEFAULT_HEALTH_POLL_S})")
     ls = sub.add_parser("ls", help="print the EFA devices of this host and exit")
     add_common_flags(ls)
     ls.add_argument("--output", "-o", choices=("table", "json"), default="table")
@@ -105,7 +113,8 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: CollectorRegistry | None = None,
-                     rescan_interval: float = DEFAULT_RESCAN_S, retry_interval: float = 1.0) -> None:
+                     rescan_interval: float = DEFAULT_RESCAN_S, retry_interval: float = 1.0,
+                     health_poll_interval: float = DEFAULT_HEALTH_POLL_S) -> None:
     """The daemon body: discover, serve and register, follow host changes until ``stop``.
 
     Also used by the component tests and the benchmark, so they exercise exactly this wiring.
@@ -129,6 +138,8 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
             stop,
             rescan_interval=rescan_interval,
             udev_subsystems=UDEV_SUBSYSTEMS if real_host else (),
+            health_files=policy.health_files,
+            poll_interval=health_poll_interval,
         )
     finally:
         allocated.close()
@@ -137,12 +148,14 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
 def _serve(args: argparse.Namespace) -> int:
     paths = setup_from_args(args)
     log.info("starting", extra=kv(daemon=DAEMON_NAME, resource=RESOURCE_NAME, socket=SOCKET_NAME,
-                                  rescan_interval=args.rescan_interval, **paths.describe()))
+                                  rescan_interval=args.rescan_interval,
+                                  health_poll_interval=args.health_poll_interval, **paths.describe()))
     registry = CollectorRegistry()
     metrics_server = serve_metrics(registry, args.metrics_port, args.metrics_address)
 
     async def main(stop: asyncio.Event) -> None:
-        await run_plugin(paths, stop, registry=registry, rescan_interval=args.rescan_interval)
+        await run_plugin(paths, stop, registry=registry, rescan_interval=args.rescan_interval,
+                         health_poll_interval=args.health_poll_interval)
 
     try:
         return run_daemon(main, DAEMON_NAME)

@@ -21,18 +21,14 @@ import errno
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from accel_core.hostfiles import HostValueError, parse_index, parse_int, printable, read_attr
-from accel_core.kubeletapi import podresources_v1_pb2 as pr
-from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
-from accel_core.podresources import devices_in_use
+from accel_core.podresources import PodResourcesClient, PodResourcesUnavailable
 from efa_plugin.discovery import MAX_PORT, EfaDevice
 from efa_plugin.policy import EfaPolicy
 
@@ -57,33 +53,18 @@ class AllocatedDevices:
     """
 
     def __init__(self, socket: Path, resource: str, timeout: float = 1.0) -> None:
-        self._socket = socket
+        self._client = PodResourcesClient(socket, timeout)
         self._resource = resource
-        self._timeout = timeout
-        self._channel: grpc.Channel | None = None
-        self._lock = threading.Lock()
 
     def __call__(self) -> set[str] | None:
-        if not self._socket.exists():
+        try:
+            return self._client.in_use([self._resource])[self._resource]
+        except PodResourcesUnavailable as exc:
+            log.debug("pod resources unavailable", extra=kv(socket=str(self._client.socket), error=exc))
             return None
-        with self._lock:
-            if self._channel is None:
-                self._channel = grpc.insecure_channel(f"unix://{self._socket}")
-            stub = pr_grpc.PodResourcesListerStub(self._channel)
-            try:
-                resp = stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout)
-            except grpc.RpcError as exc:
-                log.debug("pod resources unavailable", extra=kv(socket=str(self._socket), error=exc))
-                self._channel.close()
-                self._channel = None
-                return None
-        return devices_in_use(resp, [self._resource])[self._resource]
 
     def close(self) -> None:
-        with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
+        self._client.close()
 
 
 class EfaMetrics:

@@ -97,6 +97,12 @@ class EfaPolicy:
                 out += [dev.sysfs_dir / "ports" / str(port) / "state" for port, _ in dev.port_states]
         return out
 
+    def health_files(self) -> list[Path]:
+        """The files polled between rescans: each present device's port ``state`` (real sysfs raises no event
+        when a port goes DOWN; everything else that matters does, or waits for the slow rescan)."""
+        return [dev.sysfs_dir / "ports" / str(port) / "state" for dev in self._inventory.devices
+                if dev.id in self._present for port, _ in dev.port_states]
+
     # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
     def devices(self) -> list[AdvertisedDevice]:
         return [AdvertisedDevice(d.id, device_health(d).healthy, d.numa_node) for d in self._inventory.devices]

@@ -1,7 +1,9 @@
 """Run one or more device-plugin servers that share one host watcher.
 
-On every host change (inotify/udev event or the periodic rescan) the driver's ``rediscover`` re-reads the host,
-then every server re-reads its policy's device list and streams it if it changed.
+On every host change (inotify/udev event or the slow periodic rescan) the driver's ``rediscover`` re-reads the
+host, then every server re-reads its policy's device list and streams it if it changed. Between rescans, a fast
+poll re-reads only the few files that carry health and have no change event on real sysfs (``health_files``);
+when one of them changed, that counts as a host change.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from accel_core.deviceplugin.server import DevicePluginServer
+from accel_core.healthpoll import FilePoller
 from accel_core.logs import kv
 from accel_core.watch import ChangeWatcher
 
@@ -28,25 +31,21 @@ async def serve_device_plugins(
     rescan_interval: float = 5.0,
     udev_subsystems: Iterable[str] = (),
     extra_refresh: Callable[[], None] | None = None,
+    health_files: Callable[[], Iterable[Path]] | None = None,
+    poll_interval: float | None = None,
 ) -> None:
     """Serve until ``stop``; ``rediscover`` must not raise for bad host files (it logs and degrades instead)."""
     tasks = [asyncio.create_task(s.run(stop)) for s in servers]
-    watcher = ChangeWatcher(watch_paths, rescan_interval=rescan_interval, udev_subsystems=udev_subsystems)
-    stop_task = asyncio.create_task(stop.wait())
+    poller = FilePoller()
+    if health_files is not None:
+        poller.watch(health_files())
+    watcher = ChangeWatcher(watch_paths, rescan_interval=rescan_interval, udev_subsystems=udev_subsystems,
+                            poll_interval=poll_interval if health_files is not None else None)
     async with watcher:
         try:
-            while not stop.is_set():
-                change = asyncio.create_task(watcher.next_change())
-                await asyncio.wait({change, stop_task, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-                if stop.is_set():
-                    change.cancel()
-                    break
-                for task in tasks:
-                    if task.done() and task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]
-                if not change.done():
+            async for reason in watcher.changes(stop, tasks=tasks):
+                if reason == "poll" and not poller.changed():
                     continue
-                reason = change.result()
                 try:
                     rediscover()
                     if extra_refresh is not None:
@@ -54,10 +53,14 @@ async def serve_device_plugins(
                 except Exception:
                     log.exception("host rescan failed; keeping the previous device list", extra=kv(reason=reason))
                     continue
+                if health_files is not None:
+                    poller.watch(health_files())
                 for server in servers:
                     await server.refresh()
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
         finally:
-            stop_task.cancel()
             stop.set()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 REGISTER_TIMEOUT_S = 5.0
+RE_ARM_S = 10.0
 
 
 _METRICS_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, DevicePluginMetrics] = weakref.WeakKeyDictionary()
@@ -164,6 +165,7 @@ class DevicePluginServer:
         self._kubelet_sock = paths.kubelet_socket
         self._retry = retry_interval
         self._devices: list[AdvertisedDevice] = []
+        self._by_id: dict[str, AdvertisedDevice] = {}
         self._version = 0
         self._cond = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
@@ -197,6 +199,7 @@ class DevicePluginServer:
             return False
         async with self._cond:
             self._devices = devices
+            self._by_id = {d.id: d for d in devices}
             self._version += 1
             self._cond.notify_all()
         healthy = sum(d.healthy for d in devices)
@@ -220,7 +223,7 @@ class DevicePluginServer:
 
     def check_and_allocate(self, ids: Sequence[str]) -> ContainerEdits:
         """Validate IDs against the advertised list (unknown or unhealthy -> AllocationError), then allocate."""
-        by_id = {d.id: d for d in self._devices}
+        by_id = self._by_id
         for device_id in ids:
             dev = by_id.get(device_id)
             if dev is None:
@@ -233,29 +236,27 @@ class DevicePluginServer:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, register and keep both alive until ``stop`` is set; then remove the socket."""
         await self.refresh()
-        watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=self._retry, debounce=0.01, depth=0)
+        # events on the directory (kubelet.sock re-created, our socket deleted) wake us at once; the retry tick
+        # only re-checks (a few stats), the watch itself is re-armed on events and every RE_ARM_S
+        watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=max(RE_ARM_S, self._retry),
+                                poll_interval=self._retry, debounce=0.01, depth=0)
         self._watcher = watcher
         async with watcher:
-            stop_task = asyncio.create_task(stop.wait())
             try:
-                while not stop.is_set():
-                    try:
-                        await self._reconcile()
-                    except Exception:  # a daemon never dies for one bad round; the next wake-up retries
-                        log.exception("device plugin reconcile failed; retrying",
-                                      extra=kv(resource=self.policy.resource_name))
-                        await self._stop_server()
-                    change = asyncio.create_task(watcher.next_change())
-                    await asyncio.wait({change, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                    if not change.done():
-                        change.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await change
+                await self._reconcile_logged()
+                async for _ in watcher.changes(stop):
+                    await self._reconcile_logged()
             finally:
-                stop_task.cancel()
                 self._watcher = None
                 await self._stop_server()
                 log.info("device plugin stopped", extra=kv(resource=self.policy.resource_name))
+
+    async def _reconcile_logged(self) -> None:
+        try:
+            await self._reconcile()
+        except Exception:  # a daemon never dies for one bad round; the next wake-up retries
+            log.exception("device plugin reconcile failed; retrying", extra=kv(resource=self.policy.resource_name))
+            await self._stop_server()
 
     async def _reconcile(self) -> None:
         want = bool(self._devices) or self._server is not None

@@ -16,7 +16,6 @@ stale checkpoint entries are cleaned up once the sockets are served and then eve
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from importlib import metadata
@@ -190,32 +189,21 @@ class DraService:
     async def _watch_host(self, stop: asyncio.Event) -> None:
         async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,
                                  udev_subsystems=self.profile.udev_subsystems) as watcher:
-            stopper = asyncio.create_task(stop.wait())
             loop = asyncio.get_running_loop()
             last_push = loop.time()
-            try:
-                while not stop.is_set():
-                    change = asyncio.create_task(watcher.next_change())
-                    done, _ = await asyncio.wait({change, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    if stopper in done:
-                        change.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await change
-                        break
-                    await self.rescan()
-                    now = loop.time()
-                    health = self._health()
-                    if self.driver.set_health(health):
-                        unhealthy = [name for name, state in health.items() if not state.healthy]
-                        log.info("device health changed", extra=kv(driver=self.driver_name,
-                                                                   unhealthy=unhealthy or None))
-                        await self.plugin.health_changed()
-                        last_push = now
-                    elif now - last_push >= self.health_refresh_seconds:
-                        await self.plugin.health_changed()  # a fresh full list before the kubelet's timeout
-                        last_push = now
-            finally:
-                stopper.cancel()
+            async for _ in watcher.changes(stop):
+                await self.rescan()
+                now = loop.time()
+                health = self._health()
+                if self.driver.set_health(health):
+                    unhealthy = [name for name, state in health.items() if not state.healthy]
+                    log.info("device health changed", extra=kv(driver=self.driver_name,
+                                                               unhealthy=unhealthy or None))
+                    await self.plugin.health_changed()
+                    last_push = now
+                elif now - last_push >= self.health_refresh_seconds:
+                    await self.plugin.health_changed()  # a fresh full list before the kubelet's timeout
+                    last_push = now
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         if self.liveness is not None:

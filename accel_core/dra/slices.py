@@ -45,6 +45,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accel_core.logs import kv
+from accel_core.watch import STOP, TASK, wake
 
 log = logging.getLogger(__name__)
 
@@ -483,26 +484,21 @@ class SlicePublisher:
         self._failures = 0
         self._backoff = self.backoff_initial  # a success resets the backoff
         watch = asyncio.create_task(self._watch(resource_version))
-        stopper = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
-                waker = asyncio.create_task(self._wake.wait())
-                done, _ = await asyncio.wait({waker, stopper, watch}, return_when=asyncio.FIRST_COMPLETED)
-                waker.cancel()
-                if watch in done:
+            while True:
+                woke = await wake(stop, self._wake, tasks=(watch,))
+                if woke == STOP:
+                    return
+                if woke == TASK:
                     watch.result()
                     raise ConnectionError("ResourceSlice watch ended")
-                if stopper in done:
-                    return
                 self._wake.clear()
                 await self._reconcile()
                 self.reconciles += 1
         finally:
-            for task in (watch, stopper):
-                task.cancel()
-            for task in (watch, stopper):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watch
 
     async def _watch(self, resource_version: str | None) -> None:
         async for event, obj in self.client.watch(ResourceSlice, fields=self.fields,

@@ -29,7 +29,7 @@ class Choice:
 
 
 def _popcount(mask: int) -> int:
-    return bin(mask).count("1")
+    return mask.bit_count()
 
 
 def _fit_key(topology: Topology, mask: int, free: int, size: int) -> tuple[int, ...]:

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServeOptions:
-    rescan_interval: float = 0.5
+    rescan_interval: float = 10.0
+    health_poll_interval: float = 0.5
     pod_resources_interval: float = 2.0
     allocation_grace: float = 30.0
     core_numbering: CoreNumbering = "container"
@@ -111,7 +112,8 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     registry.register(CallbackCollector(NeuronMetrics(node).produce))
     http = serve_metrics(registry, options.metrics_port, options.metrics_address)
     log.info("neuron device plugin starting", extra=kv(**paths.describe(), core_numbering=options.core_numbering,
-                                                       rescan_s=options.rescan_interval))
+                                                       rescan_s=options.rescan_interval,
+                                                       health_poll_s=options.health_poll_interval))
     # learn what pods already hold before advertising anything (closes the window after a plugin restart)
     try:
         await poller.poll_once()
@@ -121,7 +123,8 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     own_task = asyncio.create_task(own.run(stop))
     try:
         await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
-                                   rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",))
+                                   rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",),
+                                   health_files=node.health_files, poll_interval=options.health_poll_interval)
     finally:
         stop.set()
         await poll_task

@@ -53,6 +53,9 @@ class NeuronNode:
         self._clock = clock
         self._full_every = full_rescan_interval
         self._last_full = float("-inf")
+        self._usage_key: tuple[int, int] | None = None  # (usage version, cores per device) of the caches below
+        self._by_cores: dict[int, list[int]] = {}
+        self._whole: frozenset[int] = frozenset()
 
     # -- host ----------------------------------------------------------------------------------------------------
     def rediscover(self) -> None:
@@ -96,6 +99,18 @@ class NeuronNode:
             out.append(host(f"{discovery.CLASS_DIR}/neuron{dev.index}/stats/hardware"))
         return out
 
+    def health_files(self) -> list[Path]:
+        """The files polled between rescans: each present device's uncorrected-error counters (sysfs raises no
+        event when they rise)."""
+        out = []
+        for dev in self.inventory.devices:
+            if not dev.present:
+                continue
+            for name in discovery.UNCORRECTED_COUNTERS:
+                counter = self.paths.host(f"{discovery.CLASS_DIR}/neuron{dev.index}/stats/hardware/{name}")
+                out.append(counter / "total" if counter.is_dir() else counter)
+        return out
+
     def blocked(self) -> str | None:
         reason = guard.blocked_reason(self.paths)
         if reason != self._blocked:
@@ -120,21 +135,32 @@ class NeuronNode:
 
     # -- usage across the two resources --------------------------------------------------------------------------
     def devices_used_by_cores(self) -> dict[int, list[int]]:
-        """Device -> its cores in use through ``aws.amazon.com/neuroncore``."""
-        out: dict[int, list[int]] = {}
+        """Device -> its cores in use through ``aws.amazon.com/neuroncore`` (shared; do not modify)."""
+        self._refresh_usage()
+        return self._by_cores
+
+    def devices_used_whole(self) -> frozenset[int]:
+        """Devices in use through ``aws.amazon.com/neuron``."""
+        self._refresh_usage()
+        return self._whole
+
+    def _refresh_usage(self) -> None:
+        """Recompute the per-device views of usage only when usage (or the core count) changed."""
+        key = (self.usage.version, self.cores_per_device)
+        if key == self._usage_key:
+            return
+        by_cores: dict[int, list[int]] = {}
         for cid in self.usage.in_use(NEURONCORE):
             core = parse_index(cid)
             if core is not None:
-                out.setdefault(self.device_of_core(core), []).append(core)
-        return {d: sorted(c) for d, c in out.items()}
-
-    def devices_used_whole(self) -> set[int]:
-        """Devices in use through ``aws.amazon.com/neuron``."""
-        return {n for i in self.usage.in_use(NEURON) if (n := parse_index(i)) is not None}
+                by_cores.setdefault(self.device_of_core(core), []).append(core)
+        self._by_cores = {d: sorted(c) for d, c in by_cores.items()}
+        self._whole = frozenset(n for i in self.usage.in_use(NEURON) if (n := parse_index(i)) is not None)
+        self._usage_key = key
 
     def conflicts(self) -> set[int]:
         """Devices both resources hold at once (should never happen; reported by metrics and logs)."""
-        return self.devices_used_whole() & set(self.devices_used_by_cores())
+        return set(self.devices_used_whole()) & set(self.devices_used_by_cores())
 
     def notify(self) -> None:
         """Tell the daemon that usage changed (it re-sends both device lists)."""

@@ -1,4 +1,5 @@
-"""Poll the kubelet's PodResources v1 ``List`` for the Neuron IDs every container holds.
+"""Poll the kubelet's PodResources v1 ``List`` (through the core :class:`~accel_core.podresources.PodResourcesClient`)
+for the Neuron IDs every container holds.
 
 The socket is ``<kubelet-root>/pod-resources/kubelet.sock``. Each successful List replaces the listed in-use sets
 of the :class:`~neuron_dra.deviceplugin.usage.UsageTracker`; a failed one keeps what is known (see usage.py).
@@ -7,18 +8,16 @@ of the :class:`~neuron_dra.deviceplugin.usage.UsageTracker`; a failed one keeps 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 from prometheus_client import CollectorRegistry, Counter
 
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
-from accel_core.kubeletapi import podresources_v1_pb2_grpc as pr_grpc
 from accel_core.logs import kv
-from accel_core.podresources import devices_by_pod, devices_in_use
+from accel_core.podresources import PodResourcesClient, PodResourcesUnavailable, devices_by_pod, devices_in_use
+from accel_core.watch import wake
 from neuron_dra.deviceplugin.usage import RESOURCES, UsageTracker
 
 log = logging.getLogger(__name__)
@@ -44,6 +43,7 @@ class PodResourcesPoller:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self._socket = socket
+        self._client = PodResourcesClient(socket, LIST_TIMEOUT_S)
         self._usage = usage
         self._on_change = on_change
         self._interval = interval
@@ -58,15 +58,10 @@ class PodResourcesPoller:
 
     async def poll_once(self) -> bool:
         """One List; returns True when it succeeded."""
-        if not self._socket.exists():
-            self._fail(f"PodResources socket {self._socket} not present")
-            return False
         try:
-            async with grpc.aio.insecure_channel(f"unix://{self._socket}") as channel:
-                resp = await pr_grpc.PodResourcesListerStub(channel).List(pr.ListPodResourcesRequest(),
-                                                                         timeout=LIST_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            self._fail(f"PodResources List failed ({exc.code().name}: {exc.details()})")
+            resp = await self._client.list_async()
+        except PodResourcesUnavailable as exc:
+            self._fail(str(exc))
             return False
         self._calls.labels("ok").inc()
         if self._last_error:
@@ -77,23 +72,17 @@ class PodResourcesPoller:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        stop_task = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
+            while True:
                 try:
                     await self.poll_once()
                 except Exception:  # never let a bad response end the poller
                     log.exception("PodResources poll failed")
-                kick = asyncio.create_task(self._kick.wait())
-                sleep = asyncio.create_task(asyncio.sleep(self._interval))
-                await asyncio.wait({kick, sleep, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                for task in (kick, sleep):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                if await wake(stop, self._kick, timeout=self._interval) == "stop":
+                    return
                 self._kick.clear()
         finally:
-            stop_task.cancel()
+            self._client.close()
 
     def _fail(self, message: str) -> None:
         self._calls.labels("error").inc()

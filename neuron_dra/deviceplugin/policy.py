@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import lru_cache
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -40,10 +41,21 @@ class PolicyMetrics:
                                ["resource"], registry=reg)
 
 
+@lru_cache(maxsize=8)
+def _canonical_ids(limit: int) -> dict[str, int]:
+    """The IDs we advertise (``"0"`` .. ``str(limit - 1)``), looked up without parsing."""
+    return {str(i): i for i in range(limit)}
+
+
 def parse_ids(ids: Sequence[str], resource: str, limit: int) -> list[int]:
     """Kubelet IDs -> integers in ``0..limit-1``; AllocationError naming the first bad ID."""
+    known = _canonical_ids(limit)
     out = []
     for raw in ids:
+        number = known.get(raw)
+        if number is not None:
+            out.append(number)
+            continue
         number = parse_index(raw, maximum=max(0, limit - 1))
         if number is None or number >= limit:
             raise AllocationError(f"{resource}: {raw[:40]!r} is not a valid ID on this node (0..{limit - 1})")

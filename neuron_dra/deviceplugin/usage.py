@@ -44,11 +44,17 @@ class UsageTracker:
         self._pending: list[_Pending] = []
         #: ``namespace/name`` -> resource -> IDs, as the latest successful List attributes them
         self.pods: dict[str, dict[str, frozenset[str]]] = {}
+        self._in_use: dict[str, frozenset[str]] = {}  # cache of in_use(), cleared on every change
         self.list_ok: bool | None = None
         self.version = 0
 
     def record_allocate(self, resource: str, ids: Iterable[str]) -> None:
-        self._pending.append(_Pending(resource, frozenset(ids), self._clock()))
+        """Remember an Allocate; the same IDs allocated again replace the older record (same in-use set, the
+        newer record's grace)."""
+        record = _Pending(resource, frozenset(ids), self._clock())
+        self._pending = [p for p in self._pending if (p.resource, p.ids) != (record.resource, record.ids)]
+        self._pending.append(record)
+        self._in_use.clear()
         self.version += 1
 
     def apply_list(self, listed: Mapping[str, Iterable[str]],
@@ -71,6 +77,7 @@ class UsageTracker:
                 continue
             kept.append(rec)
         self._pending = kept
+        self._in_use.clear()
         self.list_ok = True
         changed = (self.snapshot(), self.pods) != before
         if changed:
@@ -81,11 +88,14 @@ class UsageTracker:
         self.list_ok = False
 
     def in_use(self, resource: str) -> frozenset[str]:
-        ids = set(self._listed.get(resource, frozenset()))
-        for rec in self._pending:
-            if rec.resource == resource:
-                ids |= rec.ids
-        return frozenset(ids)
+        cached = self._in_use.get(resource)
+        if cached is None:
+            ids = set(self._listed.get(resource, frozenset()))
+            for rec in self._pending:
+                if rec.resource == resource:
+                    ids |= rec.ids
+            cached = self._in_use[resource] = frozenset(ids)
+        return cached
 
     def snapshot(self) -> dict[str, frozenset[str]]:
         return {r: self.in_use(r) for r in RESOURCES}

@@ -1,0 +1,71 @@
+"""Our daemons side by side with their Go peers and with no-op floors, in one run, under one client.
+
+Device plugins (``compare_dp.py``): EFA and Neuron against the Kubernetes sample device plugin
+(k8s.io/kubernetes test/images/sample-device-plugin), a no-op Go plugin and a no-op Python plugin:
+start -> Register, Allocate and GetPreferredAllocation p50 (calls interleaved plugin by plugin), idle CPU over one
+shared window, RSS, and how fast a health change reaches ListAndWatch.
+DRA (``compare_dra.py``): the Neuron DRA driver against k8s.io/kubernetes test/e2e/dra/test-driver against one real
+kube-apiserver: NodePrepareResources p50 for 1 claim and a batch of 8, start -> registration and -> slices, idle
+CPU, RSS.
+
+Prints one table: each figure with ours, the Go peer, ours/Go, the Python floor, how far above it we are, the Go
+floor, the target and whether it is met. Needs ``scripts/build-kube-peers.sh`` (``make bench-compare`` runs it) and,
+for the DRA part, ``scripts/build-kube.sh``.
+
+    .venv/bin/python bench/bench_compare.py [--calls 300] [--starts 5] [--idle 30] [--dra-iterations 50] [--no-dra]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import compare_dp
+import compare_dra
+from compare_common import Table, missing_peers, peers_bin_dir
+
+from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300, help="Allocate and GetPreferredAllocation calls per plugin")
+    parser.add_argument("--starts", type=int, default=5, help="starts per plugin for start -> Register")
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds of the idle-CPU window")
+    parser.add_argument("--dra-iterations", type=int, default=50, help="prepare rounds per DRA driver")
+    parser.add_argument("--no-dra", action="store_true", help="device plugins only")
+    args = parser.parse_args()
+    peers = peers_bin_dir()
+    missing = missing_peers(peers)
+    if missing:
+        print(f"Go peers missing in {peers}: {', '.join(missing)}; run scripts/build-kube-peers.sh "
+              "(make bench-compare does)")
+        return 0
+    if os.geteuid() != 0:
+        print("the sample device plugin runs in a private mount namespace (unshare --mount): run as root")
+        return 0
+    table = Table()
+    root = Path(tempfile.mkdtemp(prefix="cmp-", dir="/tmp"))
+    try:
+        print(f"load average before: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        asyncio.run(compare_dp.run(root / "dp", peers, table, calls=args.calls, starts=args.starts, idle=args.idle))
+        if args.no_dra:
+            pass
+        elif missing_binaries(kube_bin_dir()):
+            print("Kubernetes binaries missing (scripts/build-kube.sh): DRA part skipped")
+        else:
+            asyncio.run(compare_dra.run(root / "dra", peers, table, iterations=args.dra_iterations, idle=args.idle))
+        print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(table.render())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
