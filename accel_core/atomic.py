@@ -38,8 +38,11 @@ def is_temp_name(name: str) -> bool:
     return _TEMP_NAME.fullmatch(name) is not None
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``text`` so that readers see the old or the new content, never a mix."""
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, sync_dir: bool = True) -> None:
+    """Replace ``path`` with ``text`` so that readers see the old or the new content, never a mix.
+
+    ``sync_dir=False`` skips the directory sync that makes the rename durable: the caller then calls
+    :func:`fsync_dir` once after several writes to one directory."""
     path = Path(path)
     _clean_once(path.parent)
     fd, tmp = _locked_temp(path)
@@ -54,7 +57,13 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o600) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries (renames, removals) of ``directory`` durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

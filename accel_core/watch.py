@@ -56,6 +56,7 @@ async def wake(
     finally:
         for waiter in waiters:
             waiter.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
     if stop.is_set():
         return STOP
     if event is not None and event.is_set():

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +78,8 @@ async def start(d: Driver, admin: Client, root: Path, want_devices: int) -> None
     except TimeoutError:
         log.close()
         tail = (root / f"{d.name}.log").read_text(errors="replace").splitlines()[-15:]
-        raise TimeoutError(f"{d.name} never offered its registration socket; its log ends:\n" + "\n".join(tail)) from None
+        raise TimeoutError(f"{d.name} never offered its registration socket; its log ends:\n"
+                           + "\n".join(tail)) from None
     d.start_to_socket = time.perf_counter() - t0
     while slice_devices(admin, d.node, d.driver) < want_devices:
         if time.perf_counter() - t0 > 120:
@@ -117,7 +120,9 @@ async def run(root: Path, peers: Path, table: Table, *, iterations: int, idle: f
         ours = Driver("neuron", "neuron.aws.com", "cmp-neuron", "neuron-device-{i}")
         go = Driver("go", "test-driver.cdi.k8s.io", "cmp-go", "device-{i:02d}")
         k_ours, k_go = root / "neuron" / "kubelet", root / "go" / "kubelet"
-        ours.argv = [console_script("neuron-dra-driver"), "serve", "--host-root", str(host.root),
+        profile = os.environ.get("BENCH_PROFILE")  # cProfile output file for our driver (to see where time goes)
+        prefix = [sys.executable, "-m", "cProfile", "-o", profile] if profile else []
+        ours.argv = [*prefix, console_script("neuron-dra-driver"), "serve", "--host-root", str(host.root),
                      "--node-name", ours.node, "--kubelet-root", str(k_ours),
                      "--device-plugins-dir", str(k_ours / "device-plugins"), "--cdi-root", str(root / "neuron" / "cdi"),
                      "--kubeconfig", str(cp.admin_kubeconfig), "--metrics-port", str(free_port()),

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from accel_core.atomic import atomic_write_text
+from accel_core.atomic import atomic_write_text, fsync_dir
 from accel_core.edits import ContainerEdits
 
 #: The minimum version for what this writer emits: device-node ``hostPath`` and device names that start with a
@@ -80,8 +80,10 @@ class CdiSpecWriter:
             raise CdiError(f"CDI spec {self.spec_path(spec_id)} would have no devices")
 
     def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
-              common: ContainerEdits | None = None) -> list[str]:
-        """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs."""
+              common: ContainerEdits | None = None, *, sync_dir: bool = True) -> list[str]:
+        """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs.
+
+        ``sync_dir=False`` leaves the directory sync to a later :meth:`sync` (several specs, one sync)."""
         devices = list(devices)
         self.check(spec_id, (name for name, _ in devices))
         entries = [{"name": name, "containerEdits": _edits_json(edits)} for name, edits in devices]
@@ -91,10 +93,18 @@ class CdiSpecWriter:
             spec["containerEdits"] = _edits_json(common)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.spec_path(spec_id), json.dumps(spec, indent=2) + "\n", mode=0o644)
+            atomic_write_text(self.spec_path(spec_id), json.dumps(spec, indent=2) + "\n", mode=0o644,
+                              sync_dir=sync_dir)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {self.spec_path(spec_id)}: {exc}") from exc
         return ids
+
+    def sync(self) -> None:
+        """Make the renames of specs written with ``sync_dir=False`` durable."""
+        try:
+            fsync_dir(self.root)
+        except OSError as exc:
+            raise CdiError(f"cannot sync the CDI directory {self.root}: {exc}") from exc
 
     def read(self, spec_id: str) -> dict[str, Any] | None:
         path = self.spec_path(spec_id)

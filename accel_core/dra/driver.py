@@ -18,8 +18,13 @@ here) is not an error, and the API server is never consulted, so deleted claims 
 kubelet sends, an existing entry is always removed (a spec that cannot be removed is logged), so no entry can
 keep its devices reserved for ever.
 
+A request with several claims (:meth:`DraDriver.prepare_batch`) does the same steps claim by claim, but reads the
+claims from the API server at once and records them together: one checkpoint write with every new claim
+``PrepareStarted``, their CDI specs (one directory sync for all), one checkpoint write with them
+``PrepareCompleted``. Devices are checked against the claims planned earlier in the same request, too.
+
 Everything that touches files (the device-plugin guard, fsync'd checkpoint and CDI writes) runs in a worker
-thread, never on the event loop; the plugin serializes calls, so one claim is worked on at a time.
+thread, never on the event loop; the plugin serializes calls, so one request is worked on at a time.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
@@ -109,50 +114,110 @@ class DraDriver:
             raise
 
     async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        check_claim_ref(claim)
-        if self.store.error:
-            raise ClaimError(f"checkpoint {self.store.path} is unusable ({self.store.error}); refusing to prepare so "
-                             "no device is handed out twice")
-        existing = self.store.get(claim.uid)
-        if existing is not None and existing.state == STATE_COMPLETED:
-            await asyncio.to_thread(self._ensure_spec, existing)
-            return existing.prepared_devices(self.cdi.qualified)
-        reason = await asyncio.to_thread(self._blocked)
-        if reason:
-            raise ClaimError(reason)
+        result = (await self._prepare_many([claim]))[claim.uid]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-        start = time.perf_counter()
-        data = await self.reader.read(claim.namespace, claim.name)
-        read_seconds = time.perf_counter() - start
-        self.last_read_seconds = read_seconds
-        self.metrics.claim_read_seconds.observe(read_seconds)
+    async def prepare_batch(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | Exception]:
+        """Prepare the claims of one request; each UID maps to its devices or its error (ClaimError, or anything
+        unexpected for the caller to report as an internal error)."""
+        out = await self._prepare_many(claims)
+        for result in out.values():
+            if isinstance(result, ClaimError):
+                self.metrics.claim_errors.labels("prepare").inc()
+        return out
+
+    async def _prepare_many(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | Exception]:
+        out: dict[str, list[PreparedDevice] | Exception] = {}
+        fresh: list[ClaimRef] = []
+        for claim in claims:
+            if claim.uid in out or any(c.uid == claim.uid for c in fresh):
+                continue  # the same claim twice in one request gets one answer
+            try:
+                check_claim_ref(claim)
+                if self.store.error:
+                    raise ClaimError(f"checkpoint {self.store.path} is unusable ({self.store.error}); refusing to "
+                                     "prepare so no device is handed out twice")
+                existing = self.store.get(claim.uid)
+                if existing is not None and existing.state == STATE_COMPLETED:
+                    await asyncio.to_thread(self._ensure_spec, existing)
+                    out[claim.uid] = existing.prepared_devices(self.cdi.qualified)
+                    continue
+            except ClaimError as exc:
+                out[claim.uid] = exc
+                continue
+            fresh.append(claim)
+        if not fresh:
+            return out
+        reason = await asyncio.to_thread(self._blocked)
+        if reason:  # a blocked node fails every new claim before anything is read
+            out.update({c.uid: ClaimError(reason) for c in fresh})
+            return out
+        reads = await asyncio.gather(*(self._read(c) for c in fresh), return_exceptions=True)
 
         local_start = time.perf_counter()
-        plan = self._plan(claim, data)
-        for device in plan.devices:
-            holder = self.store.holder(device, other_than=claim.uid)
-            if holder is not None:
-                raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
-        try:
-            self.cdi.check(plan.uid, (name for name, _ in plan.cdi_devices()))
-        except CdiError as exc:
-            raise ClaimError(str(exc)) from exc
-        done = await asyncio.to_thread(self._record, plan)
+        plans: list[PreparedClaim] = []
+        planned: dict[str, PreparedClaim] = {}  # device -> claim planned earlier in this request
+        for claim, data in zip(fresh, reads, strict=True):
+            try:
+                if isinstance(data, BaseException):
+                    raise data
+                plan = self._plan(claim, data)
+                for device in plan.devices:
+                    holder = self.store.holder(device, other_than=claim.uid) or planned.get(device)
+                    if holder is not None:
+                        raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
+                try:
+                    self.cdi.check(plan.uid, (name for name, _ in plan.cdi_devices()))
+                except CdiError as exc:
+                    raise ClaimError(str(exc)) from exc
+            except Exception as exc:
+                out[claim.uid] = exc
+                continue
+            plans.append(plan)
+            planned.update((device, plan) for device in plan.devices)
+        if plans:
+            recorded = await asyncio.to_thread(self._record, plans)
+            for uid, done in recorded.items():
+                out[uid] = done if isinstance(done, Exception) else done.prepared_devices(self.cdi.qualified)
         self.last_local_seconds = time.perf_counter() - local_start
         self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
-        return done.prepared_devices(self.cdi.qualified)
+        return out
 
-    def _record(self, plan: PreparedClaim) -> PreparedClaim:
-        """Checkpoint ``PrepareStarted``, write the CDI spec, checkpoint ``PrepareCompleted`` (in a worker thread)."""
+    async def _read(self, claim: ClaimRef) -> Mapping[str, Any] | None:
+        start = time.perf_counter()
+        data = await self.reader.read(claim.namespace, claim.name)
+        self.last_read_seconds = time.perf_counter() - start
+        self.metrics.claim_read_seconds.observe(self.last_read_seconds)
+        return data
+
+    def _record(self, plans: Sequence[PreparedClaim]) -> dict[str, PreparedClaim | ClaimError]:
+        """Checkpoint ``PrepareStarted`` for all, write their CDI specs (one directory sync), checkpoint
+        ``PrepareCompleted`` for those whose spec was written (in a worker thread)."""
+        out: dict[str, PreparedClaim | ClaimError] = {}
         try:
-            self.store.put(plan)
-            self.cdi.write(plan.uid, plan.cdi_devices())
-            done = plan.with_state(STATE_COMPLETED)
-            self.store.put(done)
+            self.store.put_many(plans)
+        except OSError as exc:
+            return {p.uid: ClaimError(f"cannot record the prepared claim: {exc}") for p in plans}
+        done: list[PreparedClaim] = []
+        for plan in plans:
+            try:
+                self.cdi.write(plan.uid, plan.cdi_devices(), sync_dir=False)
+            except (OSError, CdiError) as exc:
+                out[plan.uid] = ClaimError(f"cannot record the prepared claim: {exc}")
+                continue
+            done.append(plan.with_state(STATE_COMPLETED))
+        try:
+            if done:
+                self.cdi.sync()
+                self.store.put_many(done)
         except (OSError, CdiError) as exc:
-            raise ClaimError(f"cannot record the prepared claim: {exc}") from exc
+            out.update({d.uid: ClaimError(f"cannot record the prepared claim: {exc}") for d in done})
+        else:
+            out.update({d.uid: d for d in done})
         self._update_gauges()
-        return done
+        return out
 
     def _plan(self, claim: ClaimRef, data: Mapping[str, Any] | None) -> PreparedClaim:
         """Which devices and edits each request gets (ClaimError for anything wrong with the claim)."""

@@ -174,8 +174,27 @@ class DraPlugin:
 
     # -- claims --------------------------------------------------------------------------------------------------
     async def prepare_claims(self, claims: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
-        """Prepare claims one at a time; each UID maps to (devices, error)."""
-        return await self._serialized("prepare", claims, self.handler.prepare)
+        """Prepare the claims of one request (together when the handler can, else one at a time); each UID maps to
+        (devices, error)."""
+        batch = getattr(self.handler, "prepare_batch", None)
+        if batch is None or len(claims) < 2:
+            return await self._serialized("prepare", claims, self.handler.prepare)
+        results: dict[str, list[PreparedDevice] | Exception] = {}
+
+        async def all_at_once() -> None:
+            results.update(await batch(claims))
+
+        async def one(claim: ClaimRef) -> list[PreparedDevice]:
+            if not results:
+                await all_at_once()  # the first claim's turn does the whole request, under the locks
+            result = results.get(claim.uid)
+            if result is None:
+                return await self.handler.prepare(claim)
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        return await self._serialized("prepare", claims, one)
 
     async def unprepare_claims(self, claims: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
         async def one(claim: ClaimRef) -> list[PreparedDevice]:

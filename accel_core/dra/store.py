@@ -11,6 +11,7 @@ that message (fail closed), and unprepares still remove CDI specs (lenient).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,20 @@ class ClaimStore:
                 self._claims.pop(claim.uid, None)
             else:
                 self._claims[claim.uid] = previous
+            raise
+
+    def put_many(self, claims: Sequence[PreparedClaim]) -> None:
+        """:meth:`put` for several entries with one checkpoint write (all rolled back when it fails)."""
+        previous = {c.uid: self._claims.get(c.uid) for c in claims}
+        self._claims.update((c.uid, c) for c in claims)
+        try:
+            self._save()
+        except OSError:
+            for uid, before in previous.items():
+                if before is None:
+                    self._claims.pop(uid, None)
+                else:
+                    self._claims[uid] = before
             raise
 
     def remove(self, uid: str) -> PreparedClaim | None:

@@ -385,3 +385,43 @@ def test_cleanup_frees_the_devices_of_an_interrupted_prepare(rig: Rig, monkeypat
     assert cleaned == [("u-1", "deleted")]
     assert rig.prepare(other)[0].device == "neuron-device-2"
     assert rig.store.get("u-2").state == STATE_COMPLETED  # type: ignore[union-attr]
+
+
+def test_batch_prepares_each_claim_like_one_at_a_time(rig: Rig) -> None:
+    """One request with several claims: each gets its own devices and CDI spec and a completed checkpoint entry,
+    every claim is read once, and a duplicate UID in the request gets one answer."""
+    refs = [rig.reader.add(make_claim(f"u-b{i}", [i])) for i in range(4)]
+    out = asyncio.run(rig.driver.prepare_batch([*refs, refs[0]]))
+    assert set(out) == {r.uid for r in refs}
+    assert rig.reader.reads == 4
+    for i, ref in enumerate(refs):
+        devices = out[ref.uid]
+        assert not isinstance(devices, Exception), devices
+        assert [d.device for d in devices] == [f"neuron-device-{i}"]
+        assert _device_nodes(rig.spec(ref.uid)) == [f"/dev/neuron{i}"]
+        assert rig.store.get(ref.uid).state == STATE_COMPLETED  # type: ignore[union-attr]
+    rig.restart()  # the entries are on disk, not only in memory
+    assert {c.uid for c in rig.store.claims()} == {r.uid for r in refs}
+
+
+def test_batch_refuses_a_device_claimed_earlier_in_the_same_request(rig: Rig) -> None:
+    first = rig.reader.add(make_claim("u-first", [3, 4]))
+    second = rig.reader.add(make_claim("u-second", [4]))
+    bad = rig.reader.add(make_claim("u-bad", [2], pool="other-node"))
+    out = asyncio.run(rig.driver.prepare_batch([first, second, bad]))
+    assert not isinstance(out[first.uid], Exception)
+    assert isinstance(out[second.uid], ClaimError) and "neuron-device-4" in str(out[second.uid])
+    assert "u-first" in str(out[second.uid])
+    assert isinstance(out[bad.uid], ClaimError)
+    assert rig.store.get(second.uid) is None and rig.cdi.read(second.uid) is None
+    assert rig.store.get(bad.uid) is None
+
+
+def test_batch_through_the_plugin_answers_every_claim(rig: Rig) -> None:
+    """The DRA plugin hands a multi-claim request to the batch path; per-claim errors stay per claim."""
+    good = rig.reader.add(make_claim("u-p1", [5]))
+    clash = rig.reader.add(make_claim("u-p2", [5]))
+    plugin = DraPlugin(rig.driver, rig.paths)
+    out = asyncio.run(plugin.prepare_claims([good, clash]))
+    assert out[good.uid][1] == "" and [d.device for d in out[good.uid][0]] == ["neuron-device-5"]
+    assert out[clash.uid][0] == [] and "already prepared for claim" in out[clash.uid][1]

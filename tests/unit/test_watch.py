@@ -1,12 +1,15 @@
-"""ChangeWatcher: inotify wake-ups, paths that appear later, and the periodic rescan."""
+"""ChangeWatcher: inotify wake-ups, paths that appear later, the periodic rescan, the poll tick and the ``changes``
+iterator; ``wake``; the health-file poller."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from pathlib import Path
 
-from accel_core.watch import ChangeWatcher
+from accel_core.healthpoll import FilePoller
+from accel_core.watch import EVENT, STOP, TASK, TIMEOUT, ChangeWatcher, wake
 
 
 def test_event_rescan_and_late_paths(tmp_path: Path) -> None:
@@ -53,3 +56,52 @@ def test_rearms_after_the_watched_directory_is_deleted_and_recreated(tmp_path: P
             await asyncio.wait_for(_until(watcher, "dev0/state"), 5)
 
     asyncio.run(scenario())
+
+
+def test_wake_says_what_happened() -> None:
+    async def scenario() -> None:
+        stop, event = asyncio.Event(), asyncio.Event()
+        assert await wake(stop, event, timeout=0.01) == TIMEOUT
+        event.set()
+        assert await wake(stop, event, timeout=5) == EVENT
+        event.clear()
+        task = asyncio.ensure_future(asyncio.sleep(0))
+        assert await wake(stop, event, timeout=5, tasks=[task]) == TASK
+        stop.set()
+        event.set()
+        assert await wake(stop, event, timeout=5) == STOP, "stop wins over everything else"
+        assert len(asyncio.all_tasks()) == 1, "wake leaves no waiter behind"
+
+    asyncio.run(scenario())
+
+
+def test_changes_iterates_until_stop_and_polls_without_events(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        reasons: list[str] = []
+        async with ChangeWatcher(lambda: [tmp_path], rescan_interval=0.6, poll_interval=0.05,
+                                 debounce=0.01, depth=0) as watcher:
+            async for reason in watcher.changes(stop):
+                reasons.append(reason)
+                if reason == "poll" and reasons.count("poll") == 2:
+                    (tmp_path / "state").write_text("DOWN\n")
+                if reason.startswith("inotify:"):
+                    stop.set()  # the iteration ends at once, even though the next wait has begun
+        assert reasons[:2] == ["poll", "poll"], reasons
+        assert any(r.startswith("inotify:") for r in reasons), reasons
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+def test_file_poller_sees_content_changes_and_never_blocks(tmp_path: Path) -> None:
+    state, fifo = tmp_path / "state", tmp_path / "fifo"
+    state.write_text("4: ACTIVE\n")
+    os.mkfifo(fifo)  # a planted FIFO must not stall the poll (no writer ever opens it)
+    poller = FilePoller()
+    poller.watch([state, fifo, tmp_path / "missing"])
+    assert not poller.changed()
+    state.write_text("1: DOWN\n")
+    assert poller.changed()
+    assert not poller.changed(), "the new content is the baseline now"
+    state.unlink()
+    assert poller.changed(), "a file that can no longer be read is a change too"
