@@ -1,14 +1,14 @@
 """The kubelet's PodResources v1 ``List``: which device IDs of which resources pods hold.
 
-One client for every daemon: :class:`PodResourcesClient` keeps one channel to
+One client for every daemon: :class:`PodResourcesClient` keeps a channel to
 ``<kubelet-root>/pod-resources/kubelet.sock`` (re-opened after a failure, so a restarted kubelet is found again)
-and answers with the IDs in use per resource. It is blocking and thread-safe: the metrics scrape thread calls it
-directly, asyncio code through :meth:`PodResourcesClient.in_use_async` (a worker thread; the loop never waits).
+and answers with the IDs in use per resource: :meth:`~PodResourcesClient.in_use` blocks (for the metrics scrape
+thread), :meth:`~PodResourcesClient.in_use_async` awaits on the event loop (for pollers). Each keeps its own
+kept-open channel, since a blocking gRPC channel cannot serve asyncio callers and the other way round.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,6 +56,8 @@ class PodResourcesClient:
         self._channel: grpc.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerStub | None = None
         self._lock = threading.Lock()
+        self._aio_channel: grpc.aio.Channel | None = None
+        self._aio_stub: pr_grpc.PodResourcesListerStub | None = None
 
     def list(self) -> pr.ListPodResourcesResponse:
         """The kubelet's List answer (blocking, at most ``timeout`` seconds)."""
@@ -71,9 +73,7 @@ class PodResourcesClient:
                                                                     timeout=self._timeout)
             except grpc.RpcError as exc:
                 self._close_locked()
-                code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
-                details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-                raise PodResourcesUnavailable(f"PodResources List failed ({code}: {details})") from None
+                raise _unavailable(exc) from None
         return resp
 
     def in_use(self, resources: Iterable[str]) -> dict[str, set[str]]:
@@ -81,18 +81,42 @@ class PodResourcesClient:
         return devices_in_use(self.list(), resources)
 
     async def list_async(self) -> pr.ListPodResourcesResponse:
-        """:meth:`list` in a worker thread."""
-        return await asyncio.to_thread(self.list)
+        """:meth:`list` for asyncio callers (never blocks the loop)."""
+        if not self.socket.exists():
+            await self.aclose()
+            raise PodResourcesUnavailable(f"PodResources socket {self.socket} not present")
+        if self._aio_stub is None:
+            self._aio_channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+            self._aio_stub = pr_grpc.PodResourcesListerStub(self._aio_channel)
+        try:
+            resp: pr.ListPodResourcesResponse = await self._aio_stub.List(pr.ListPodResourcesRequest(),
+                                                                          timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            await self.aclose()
+            raise _unavailable(exc) from None
+        return resp
 
     async def in_use_async(self, resources: Iterable[str]) -> dict[str, set[str]]:
         """:meth:`in_use` for asyncio callers."""
         return devices_in_use(await self.list_async(), resources)
 
     def close(self) -> None:
+        """Close the blocking channel (see :meth:`aclose` for the asyncio one)."""
         with self._lock:
             self._close_locked()
+
+    async def aclose(self) -> None:
+        channel, self._aio_channel, self._aio_stub = self._aio_channel, None, None
+        if channel is not None:
+            await channel.close(None)
 
     def _close_locked(self) -> None:
         if self._channel is not None:
             self._channel.close()
         self._channel = self._stub = None
+
+
+def _unavailable(exc: grpc.RpcError) -> PodResourcesUnavailable:
+    code = exc.code().name if isinstance(exc, grpc.Call) else "UNKNOWN"
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    return PodResourcesUnavailable(f"PodResources List failed ({code}: {details})")

@@ -87,7 +87,7 @@ class ChangeWatcher:
     ) -> None:
         self._paths_fn = paths_fn
         self._rescan = rescan_interval
-        self._poll = poll_interval if poll_interval is not None and poll_interval < rescan_interval else None
+        self.poll_interval = poll_interval  #: may be changed between wake-ups (None: no poll tick)
         self._next_rescan = 0.0
         self._debounce = debounce
         self._depth = depth
@@ -126,16 +126,30 @@ class ChangeWatcher:
 
     async def next_change(self) -> str:
         """Wait for the next change (debounced), the rescan timeout or the poll tick; returns the reason."""
+        reason = await self._next(asyncio.Event(), ())
+        assert reason is not None
+        return reason
+
+    async def changes(self, stop: asyncio.Event, *, tasks: Iterable[asyncio.Future[Any]] = ()) -> AsyncIterator[str]:
+        """Yield the reason of each change until ``stop`` is set or one of ``tasks`` finishes."""
+        tasks = tuple(tasks)
+        while (reason := await self._next(stop, tasks)) is not None:
+            yield reason
+
+    async def _next(self, stop: asyncio.Event, tasks: tuple[asyncio.Future[Any], ...]) -> str | None:
+        """One wait (a single :func:`wake`: cheap enough for a poll tick twice a second); None on stop/task."""
         loop = asyncio.get_running_loop()
         timeout = max(0.0, self._next_rescan - loop.time())
         tick = "rescan"
-        if self._poll is not None and self._poll < timeout:
-            timeout, tick = self._poll, "poll"
-        try:
-            await asyncio.wait_for(self._kick.wait(), timeout=timeout)
+        if self.poll_interval is not None and self.poll_interval < timeout:
+            timeout, tick = self.poll_interval, "poll"
+        woke = await wake(stop, self._kick, timeout=timeout, tasks=tasks)
+        if woke in (STOP, TASK):
+            return None
+        if woke == EVENT:
             await asyncio.sleep(self._debounce)  # let a burst of writes land before the consumer reads
             reason = self._reason or "event"
-        except TimeoutError:
+        else:
             reason = tick
         self._kick.clear()
         self._reason = ""
@@ -143,20 +157,6 @@ class ChangeWatcher:
             self._arm()
             self._next_rescan = loop.time() + self._rescan
         return reason
-
-    async def changes(self, stop: asyncio.Event, *, tasks: Iterable[asyncio.Future[Any]] = ()) -> AsyncIterator[str]:
-        """Yield the reason of each change until ``stop`` is set or one of ``tasks`` finishes."""
-        tasks = tuple(tasks)
-        while True:
-            change = asyncio.ensure_future(self.next_change())
-            woke = await wake(stop, tasks=(change, *tasks))
-            if woke == TASK and change.done():
-                yield change.result()
-                continue
-            change.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await change
-            return
 
     # -- inotify -------------------------------------------------------------------------------------------------
     def _arm(self) -> None:

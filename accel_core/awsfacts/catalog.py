@@ -356,6 +356,9 @@ def _check_cross_refs(t: InstanceType) -> None:
 
 # --------------------------------------------------------------------------------------------- public API
 
+#: libyaml's safe loader parses the catalog ~10x faster than the pure-Python one (daemon start-up)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def load(path: Path | None = None) -> dict[str, InstanceType]:
     """Parse a catalog file (the packaged ``instances.yaml`` by default) into ``{name: InstanceType}``."""
@@ -366,7 +369,7 @@ def load(path: Path | None = None) -> dict[str, InstanceType]:
         text = path.read_text(encoding="utf-8")
         source = str(path)
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (libyaml's when present)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{source}: not valid YAML: {exc}") from exc
     top = _Fields(raw, source)

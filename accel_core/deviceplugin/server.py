@@ -236,16 +236,18 @@ class DevicePluginServer:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, register and keep both alive until ``stop`` is set; then remove the socket."""
         await self.refresh()
-        # events on the directory (kubelet.sock re-created, our socket deleted) wake us at once; the retry tick
-        # only re-checks (a few stats), the watch itself is re-armed on events and every RE_ARM_S
-        watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=max(RE_ARM_S, self._retry),
-                                poll_interval=self._retry, debounce=0.01, depth=0)
+        # events on the directory (kubelet.sock re-created, our socket deleted) wake us at once; until registered a
+        # retry tick re-checks (a few stats) as well; the watch is re-armed on events and every RE_ARM_S
+        watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=max(RE_ARM_S, self._retry), debounce=0.01,
+                                depth=0)
         self._watcher = watcher
         async with watcher:
             try:
                 await self._reconcile_logged()
+                watcher.poll_interval = None if self.registered.is_set() else self._retry
                 async for _ in watcher.changes(stop):
                     await self._reconcile_logged()
+                    watcher.poll_interval = None if self.registered.is_set() else self._retry
             finally:
                 self._watcher = None
                 await self._stop_server()

@@ -10,20 +10,9 @@ The ``*_pb2`` / ``*_pb2_grpc`` modules are generated from ``protos/`` by
 - pod resources v1: ``podresources_v1_pb2``, ``podresources_v1_pb2_grpc``
 """
 
-from . import (
-    deviceplugin_v1beta1_pb2,
-    deviceplugin_v1beta1_pb2_grpc,
-    dra_health_v1alpha1_pb2,
-    dra_health_v1alpha1_pb2_grpc,
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    dra_v1beta1_pb2,
-    dra_v1beta1_pb2_grpc,
-    pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
-    podresources_v1_pb2,
-    podresources_v1_pb2_grpc,
-)
+import importlib
+from types import ModuleType
+
 from .constants import (
     DEVICE_PLUGIN_VERSION,
     DRA_HEALTH_V1ALPHA1_SERVICE,
@@ -57,3 +46,12 @@ __all__ = [
     "podresources_v1_pb2",
     "podresources_v1_pb2_grpc",
 ]
+
+_MODULES = frozenset(name for name in __all__ if name.endswith(("_pb2", "_pb2_grpc")))
+
+
+def __getattr__(name: str) -> ModuleType:
+    """Generated modules load on first use (a daemon imports only the APIs it speaks: faster start, less memory)."""
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

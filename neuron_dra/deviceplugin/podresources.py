@@ -82,7 +82,7 @@ class PodResourcesPoller:
                     return
                 self._kick.clear()
         finally:
-            self._client.close()
+            await self._client.aclose()
 
     def _fail(self, message: str) -> None:
         self._calls.labels("error").inc()

@@ -40,8 +40,10 @@ def test_in_use_per_resource_and_kubelet_restarts(short_tmp: Path) -> None:
             await standin.start(pod_resources=True)
             assert await client.in_use_async([EFA]) == {EFA: {"efa2"}}
             assert standin.pod_resources_calls >= 1
+            assert await asyncio.to_thread(client.in_use, [EFA]) == {EFA: {"efa2"}}, "the blocking call agrees"
         finally:
             client.close()
+            await client.aclose()
             await standin.stop()
 
     asyncio.run(scenario())
