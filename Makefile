@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck unit protos kube bench clean
+.PHONY: setup demo test lint typecheck unit protos kube kube-peers bench bench-compare clean
 
 setup: $(VENV)/.installed
 
@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml
 
 kube:
 	scripts/build-kube.sh
+
+# The Go peers of the side-by-side benchmark (own cache; `make test` never builds them)
+kube-peers:
+	scripts/build-kube-peers.sh
 
 demo: setup
 	$(BIN)/accel-demo
@@ -43,6 +47,10 @@ test: setup kube lint typecheck
 
 bench: setup kube
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Ours against the upstream Go sample device plugin and DRA test driver, and the no-op Go/Python floors, one run
+bench-compare: setup kube kube-peers
+	$(BIN)/python bench/bench_compare.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -39,6 +39,7 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of the idle-CPU window")
     parser.add_argument("--dra-iterations", type=int, default=50, help="prepare rounds per DRA driver")
     parser.add_argument("--no-dra", action="store_true", help="device plugins only")
+    parser.add_argument("--no-device-plugins", action="store_true", help="DRA drivers only")
     args = parser.parse_args()
     peers = peers_bin_dir()
     missing = missing_peers(peers)
@@ -53,7 +54,9 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="cmp-", dir="/tmp"))
     try:
         print(f"load average before: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
-        asyncio.run(compare_dp.run(root / "dp", peers, table, calls=args.calls, starts=args.starts, idle=args.idle))
+        if not args.no_device_plugins:
+            asyncio.run(compare_dp.run(root / "dp", peers, table, calls=args.calls, starts=args.starts,
+                                       idle=args.idle))
         if args.no_dra:
             pass
         elif missing_binaries(kube_bin_dir()):
