@@ -16,7 +16,6 @@ timeout) ends the pass without touching anything; the next pass retries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, PreparedDevice
 from accel_core.logs import kv
+from accel_core.watch import STOP, wake
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ class StaleClaimCleaner:
                 await self.clean_once()
             except Exception:  # a bug here must not end the loop (or the driver)
                 log.exception("stale claim cleanup failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+            if await wake(stop, timeout=interval) == STOP:
+                return
 
     async def clean_once(self) -> list[CleanedClaim]:
         """One pass over the checkpoint; returns the claims it unprepared."""
