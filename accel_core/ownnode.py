@@ -17,14 +17,13 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping
-
-from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.core.exceptions import ConfigError
-from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
+from typing import TYPE_CHECKING
 
 from accel_core.logs import kv
 from accel_core.watch import STOP, TIMEOUT, wake
+
+if TYPE_CHECKING:  # lightkube loads when the API is first used, not at daemon start (start -> Register is faster)
+    from lightkube import AsyncClient
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +76,8 @@ class OwnNode:
             log.warning("no API server configuration or node name: not publishing node labels/annotations",
                         extra=kv(node=self.node_name))
             return
+        from lightkube import ApiError
+
         backoff = self.backoff_initial
         while not stop.is_set():
             try:
@@ -103,6 +104,9 @@ class OwnNode:
                 await asyncio.sleep(self.settle)  # coalesce a burst of changes into one write
 
     async def _sync(self) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
         assert self.client is not None and self.node_name
         self._changed.clear()
         labels, annotations = self.wanted()
@@ -134,6 +138,9 @@ class OwnNode:
 def optional_client(kubeconfig: str | None, field_manager: str) -> AsyncClient | None:
     """An API client from ``kubeconfig``, else KUBECONFIG, else the in-cluster config; None (logged) when there is
     none, so a daemon that only labels its Node runs on without it."""
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.core.exceptions import ConfigError
+
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         return AsyncClient(config, field_manager=field_manager)

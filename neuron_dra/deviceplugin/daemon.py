@@ -16,6 +16,7 @@ from accel_core.logs import kv
 from accel_core.metrics import CallbackCollector, serve_metrics
 from accel_core.ownnode import OwnNode, optional_client
 from accel_core.paths import HostPaths
+from accel_core.watch import STOP, wake
 from neuron_dra.deviceplugin.edits import CoreNumbering
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.node import NeuronNode
@@ -84,6 +85,20 @@ class NodeLabels:
         self.update()
 
 
+#: how long the Node labels wait for the first Register before starting anyway (a node without Neuron devices)
+OWN_NODE_DELAY_S = 5.0
+
+
+async def own_node_labels(own: OwnNode, kubeconfig: str | None, registered: asyncio.Event,
+                          stop: asyncio.Event) -> None:
+    """Keep our Node labels, starting once the kubelet has our first registration (or after OWN_NODE_DELAY_S):
+    the Kubernetes client is not needed for serving, so loading it waits until the kubelet knows us."""
+    if not own.node_name or await wake(stop, registered, timeout=OWN_NODE_DELAY_S) == STOP:
+        return
+    own.client = optional_client(kubeconfig, "neuron-device-plugin")
+    await own.run(stop)
+
+
 async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
                 registry: CollectorRegistry | None = None, node: NeuronNode | None = None) -> None:
     """Serve ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore`` until ``stop`` is set.
@@ -100,8 +115,7 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
                for policy in policies]
     refresh = Refresher(servers)
-    client = optional_client(options.kubeconfig, "neuron-device-plugin") if options.node_name else None
-    own = OwnNode(client, options.node_name)
+    own = OwnNode(None, options.node_name)  # its API client comes after the first Register (own_node_labels)
     labelled = NodeLabels(node, own)
     labelled.update()
     usage = UsagePublisher(node, own)
@@ -120,7 +134,7 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     except Exception:  # never fatal: the poller keeps trying
         log.exception("first PodResources List failed")
     poll_task = asyncio.create_task(poller.run(stop))
-    own_task = asyncio.create_task(own.run(stop))
+    own_task = asyncio.create_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop))
     try:
         await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
                                    rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",),
@@ -129,8 +143,8 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
         stop.set()
         await poll_task
         await own_task
-        if client is not None:
-            await client.close()
+        if own.client is not None:
+            await own.client.close()
         if http is not None:
             http.shutdown()
 
