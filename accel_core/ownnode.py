@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from accel_core.backoff import Backoff
 from accel_core.logs import kv
 from accel_core.watch import STOP, TIMEOUT, wake
 
@@ -78,23 +78,21 @@ class OwnNode:
             return
         from lightkube import ApiError
 
-        backoff = self.backoff_initial
+        backoff = Backoff(self.backoff_initial, self.backoff_max)
         while not stop.is_set():
             try:
                 await self._sync()
-                backoff = self.backoff_initial
+                backoff.reset()
                 timeout = self.recheck
             except ApiError as exc:
-                timeout = backoff * (0.8 + 0.4 * random.random())
+                timeout = backoff.next()
                 log.warning("could not update our Node", extra=kv(
                     node=self.node_name, code=exc.status.code, error=exc.status.message,
                     retry_in=round(timeout, 2)))
-                backoff = min(self.backoff_max, backoff * 2)
             except Exception as exc:  # the API server is away (connection errors) or answered nonsense
-                timeout = backoff * (0.8 + 0.4 * random.random())
+                timeout = backoff.next()
                 log.warning("could not reach the API server for our Node",
                             extra=kv(node=self.node_name, error=repr(exc), retry_in=round(timeout, 2)))
-                backoff = min(self.backoff_max, backoff * 2)
             woke = await wake(stop, self._changed, timeout=timeout)
             if woke == STOP:
                 break

@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from accel_core.backoff import Backoff, wait_or_stop
 from accel_core.logs import kv
 from accel_core.watch import STOP, TASK, wake
 
@@ -390,10 +390,8 @@ class SlicePublisher:
         self.driver = driver
         self.node_name = node_name
         self.metrics = PublisherMetrics(registry)
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.unreachable_retry = unreachable_retry
-        self._backoff = backoff_initial
+        self._backoff = Backoff(backoff_initial, backoff_max)
+        self._unreachable = Backoff(unreachable_retry, unreachable_retry, factor=1)  # flat, jittered
         self.writes = 0
         self.reconciles = 0  # completed reconcile passes: lets a caller wait for one to have looked at a change
         #: None until a write with taints shows whether the API server keeps them.
@@ -450,21 +448,17 @@ class SlicePublisher:
                 log.log(level, "ResourceSlice sync failed; retrying", extra=kv(
                     driver=self.driver, node=self.node_name, error=_describe(exc), retry_in=round(delay, 2),
                     failures=self._failures))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                await wait_or_stop(stop, delay)
 
     def _retry_delay(self, exc: BaseException) -> float:
         """Seconds before the next attempt: quick for a conflict, short and flat while the server cannot be reached
         (nothing to overload, and it must be noticed soon after it returns), exponential when it answers with an
         error."""
-        jitter = 0.8 + 0.4 * random.random()
         if _is_conflict(exc):
             return 0.05
         if _is_unreachable(exc):
-            return self.unreachable_retry * jitter
-        delay = self._backoff * jitter
-        self._backoff = min(self._backoff * 2, self.backoff_max)
-        return delay
+            return self._unreachable.next()
+        return self._backoff.next()
 
     async def _session(self, stop: asyncio.Event) -> None:
         if self._node_uid is None:
@@ -482,7 +476,7 @@ class SlicePublisher:
         if self._failures:
             log.info("ResourceSlice sync recovered", extra=kv(driver=self.driver, failures=self._failures))
         self._failures = 0
-        self._backoff = self.backoff_initial  # a success resets the backoff
+        self._backoff.reset()  # a success resets the backoff
         watch = asyncio.create_task(self._watch(resource_version))
         try:
             while True:

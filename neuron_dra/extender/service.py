@@ -8,7 +8,6 @@ reservations; the pod index is copy-on-write (see decide.py), so the event loop 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -19,6 +18,7 @@ from lightkube.operators import not_equal
 from lightkube.resources.core_v1 import Pod
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from accel_core.backoff import Backoff, wait_or_stop
 from accel_core.logs import kv
 from neuron_dra.extender.decide import Decider, Verdict, explain
 from neuron_dra.extender.httpserver import JSON, TEXT, HttpServer, Response
@@ -110,7 +110,7 @@ class ExtenderService:
         if self.client is None:
             log.warning("no API client: pods bound but not yet reported by their node are not counted")
             return
-        backoff = 0.5
+        backoff = Backoff(0.5, 30.0)
         while not stop.is_set():
             try:
                 self.decider.reset_index()
@@ -120,7 +120,7 @@ class ExtenderService:
                 log.info("pod index ready", extra=kv(bound=sum(len(p) for p in self.decider.bound.values())))
                 async for op, obj in self.client.watch(Pod, namespace="*", fields={"spec.nodeName": not_equal("")},
                                                        resource_version=listing.resourceVersion):
-                    backoff = 0.5
+                    backoff = Backoff(0.5, 30.0)
                     self._apply(op, obj.to_dict())
                     if stop.is_set():
                         return
@@ -128,10 +128,10 @@ class ExtenderService:
                 raise
             except Exception as exc:
                 self.metrics.watch_restarts.inc()
-                log.warning("pod watch failed; restarting", extra=kv(error=repr(exc)[:300], retry_in=backoff))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = backoff.next()
+                log.warning("pod watch failed; restarting",
+                            extra=kv(error=repr(exc)[:300], retry_in=round(delay, 2)))
+                await wait_or_stop(stop, delay)
 
     def _apply(self, op: str, raw: dict[str, Any]) -> None:
         try:
