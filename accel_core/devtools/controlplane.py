@@ -1,7 +1,7 @@
 """Run the real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) on
 127.0.0.1 for tests and for people.
 
-Everything lives in one state directory: ``pki/`` (certificates made with the ``openssl`` command),
+Everything lives in one state directory: ``pki/`` (certificates made with ``cryptography``, see ``certs``),
 ``etcd/`` (data), ``logs/<component>.log``, the admin kubeconfig and ``cluster.json`` (ports and PIDs, read by
 ``accel-cluster down``/``status``). Binaries come from ``scripts/build-kube.sh`` (see ``kubeversions``).
 
@@ -38,6 +38,7 @@ from typing import Any
 import psutil
 import yaml
 
+from accel_core.devtools import certs
 from accel_core.devtools.kubeversions import KUBE_BINARIES, build_script, kube_bin_dir
 
 ETCD = "etcd"
@@ -90,29 +91,6 @@ class _PortClash(Exception):
 # --------------------------------------------------------------------------------------------------------
 # Certificates
 
-
-_OPENSSL_CONF = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = placeholder
-[ca_ext]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign,digitalSignature
-subjectKeyIdentifier = hash
-[server_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = {sans}
-authorityKeyIdentifier = keyid
-[client_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = clientAuth
-authorityKeyIdentifier = keyid
-"""
 
 _SERVER_SANS = (
     "IP:127.0.0.1",
@@ -180,50 +158,13 @@ class Pki:
         return all(p.is_file() for p in self.files())
 
 
-def _openssl(args: Sequence[str], cwd: Path) -> None:
-    exe = shutil.which("openssl")
-    if exe is None:
-        raise ControlPlaneError("the `openssl` command is needed to make the control plane's certificates")
-    try:
-        res = subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise ControlPlaneError(f"openssl {' '.join(args)} timed out") from e
-    if res.returncode != 0:
-        raise ControlPlaneError(f"openssl {' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
-
-
-def _new_key(path: Path) -> None:
-    _openssl(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path.name], path.parent)
-    path.chmod(0o600)
-
-
-def _signed_cert(work: Path, stem: str, subject: str, extension: str, days: int) -> None:
-    _new_key(work / f"{stem}.key")
-    _openssl(
-        ["req", "-new", "-config", "openssl.cnf", "-key", f"{stem}.key", "-subj", subject, "-out", f"{stem}.csr"],
-        work,
-    )
-    _openssl(
-        [
-            "x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-set_serial", f"0x{os.urandom(12).hex()}", "-days", str(days), "-sha256",
-            "-extfile", "openssl.cnf", "-extensions", extension, "-out", f"{stem}.crt",
-        ],
-        work,
-    )  # fmt: skip
-    (work / f"{stem}.csr").unlink()
-
-
 def issue_client_cert(pki: Pki, out_dir: Path, stem: str, subject: str, *, days: int = 30) -> tuple[Path, Path]:
     """A client certificate for ``subject`` (e.g. ``/O=system:nodes/CN=system:node:n1``) signed by the cluster CA,
     written as ``<stem>.crt``/``<stem>.key`` in ``out_dir``; returns (certificate, key)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".cert-", dir=out_dir))
     try:
-        (work / "openssl.cnf").write_text(_OPENSSL_CONF.format(sans="DNS:localhost"))
-        shutil.copy(pki.ca_cert, work / "ca.crt")
-        (work / "ca.key").symlink_to(pki.ca_key)
-        _signed_cert(work, stem, subject, "client_ext", days)
+        certs.issue(pki.ca_cert, pki.ca_key, work / f"{stem}.crt", work / f"{stem}.key", subject, days=days)
         for suffix in (".crt", ".key"):
             (work / f"{stem}{suffix}").replace(out_dir / f"{stem}{suffix}")
     finally:
@@ -240,20 +181,14 @@ def generate_pki(pki_dir: Path, *, days: int = 30) -> Pki:
     pki_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".pki-", dir=pki_dir.parent))
     try:
-        (work / "openssl.cnf").write_text(_OPENSSL_CONF.format(sans=",".join(_SERVER_SANS)))
-        _new_key(work / "ca.key")
-        _openssl(
-            ["req", "-x509", "-new", "-config", "openssl.cnf", "-extensions", "ca_ext", "-key", "ca.key",
-             "-subj", "/CN=accel-test-ca", "-days", str(days), "-sha256", "-out", "ca.crt"],
-            work,
-        )  # fmt: skip
-        _signed_cert(work, "apiserver", "/CN=kube-apiserver", "server_ext", days)
+        tmp = Pki(work)
+        certs.make_ca(tmp.ca_cert, tmp.ca_key, "/CN=accel-test-ca", days=days)
+        certs.issue(tmp.ca_cert, tmp.ca_key, tmp.apiserver_cert, tmp.apiserver_key, "/CN=kube-apiserver",
+                    days=days, server_sans=_SERVER_SANS)
         for who, subject in _CLIENTS.items():
-            _signed_cert(work, who, subject, "client_ext", days)
-        _new_key(work / "sa.key")
-        _openssl(["pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub"], work)
-        (work / "openssl.cnf").unlink()
-        (work / "ca.srl").unlink(missing_ok=True)
+            cert, key = tmp.client(who)
+            certs.issue(tmp.ca_cert, tmp.ca_key, cert, key, subject, days=days)
+        certs.write_public_key(certs.new_key(tmp.sa_key), tmp.sa_pub)
         work.rename(pki_dir)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
