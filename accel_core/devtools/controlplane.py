@@ -28,15 +28,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import httpx2
 import psutil
 import yaml
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.config.models import Cluster, User
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, NodeStatus, Pod, ServiceAccountToken
+from lightkube.types import PatchType
 
 from accel_core.devtools import certs
 from accel_core.devtools.kubeversions import KUBE_BINARIES, build_script, kube_bin_dir
@@ -392,54 +398,37 @@ class _Component:
 
 @dataclass(frozen=True)
 class AdminApi:
-    """JSON requests to a running API server (``https://127.0.0.1:PORT``) with the admin client certificate."""
+    """A lightkube client for a running API server (``https://127.0.0.1:PORT``) with the admin client certificate.
+
+    Objects are typed lightkube models, so a misspelt field fails before it is sent. API errors and transport
+    failures come out as :class:`ApiRequestError` / :class:`ControlPlaneError` naming the call (see ``errors``).
+    """
 
     server: str
     pki: Pki
+    timeout: float = 15.0
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Mapping[str, Any] | None = None,
-        *,
-        timeout: float = 15.0,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        """Raises ApiRequestError on a non-2xx answer. Writes use ``fieldValidation=Strict``, so a misspelt field
-        is an error rather than silently dropped."""
-        if method.upper() in ("POST", "PUT", "PATCH"):
-            path += ("&" if "?" in path else "?") + "fieldValidation=Strict"
+    def client(self) -> Client:
         cert, key = self.pki.client("admin")
-        ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-        ctx.load_cert_chain(str(cert), str(key))
-        port = urllib.parse.urlsplit(self.server).port
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=timeout)
-        headers = {"Accept": "application/json"}
-        payload = None
-        if body is not None:
-            payload = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
+        config = KubeConfig.from_one(
+            cluster=Cluster(server=self.server, certificate_auth=str(self.pki.ca_cert)),
+            user=User(client_cert=str(cert), client_key=str(key)),
+            namespace="default",
+        )
+        # trust_env=False: a proxy from the environment must not sit between the tool and 127.0.0.1
+        return Client(config=config, timeout=httpx2.Timeout(self.timeout), trust_env=False)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def errors(what: str) -> Iterator[None]:
+        """Turn lightkube/httpx failures of ``what`` into ControlPlaneError (ApiRequestError for an HTTP status)."""
         try:
-            conn.request(method, path, body=payload, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as e:
-            raise ControlPlaneError(f"{method} {path} failed: {e}") from e
-        finally:
-            conn.close()
-        text = data.decode("utf-8", "replace")
-        if resp.status >= 300:
-            message = text
-            with contextlib.suppress(ValueError, AttributeError):
-                message = str(json.loads(text).get("message", text))
-            raise ApiRequestError(resp.status, f"{method} {path} -> HTTP {resp.status}: {message}")
-        if not text:
-            return {}
-        result = json.loads(text)
-        if not isinstance(result, dict):
-            raise ControlPlaneError(f"{method} {path}: expected a JSON object, got {text[:200]!r}")
-        return result
+            yield
+        except ApiError as e:
+            code = e.status.code or (e.response.status_code if e.response is not None else 0)
+            raise ApiRequestError(code, f"{what} -> HTTP {code}: {e.status.message}") from e
+        except (OSError, httpx2.HTTPError) as e:
+            raise ControlPlaneError(f"{what} failed: {e}") from e
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -641,17 +630,9 @@ class ControlPlane:
 
     # ---- API helpers
 
-    def api_request(
-        self,
-        method: str,
-        path: str,
-        body: Mapping[str, Any] | None = None,
-        *,
-        timeout: float = 15.0,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        """A JSON request to the API server as the admin user (see :class:`AdminApi`)."""
-        return AdminApi(self.server, self.pki).request(method, path, body, timeout=timeout, content_type=content_type)
+    def admin_api(self, *, timeout: float = 15.0) -> AdminApi:
+        """Typed API access as the admin user (see :class:`AdminApi`)."""
+        return AdminApi(self.server, self.pki, timeout)
 
     def mint_token(
         self,
@@ -671,26 +652,26 @@ class ControlPlane:
         """
         if bound_pod and bound_node:
             raise ValueError("bind the token to a Pod or to a Node, not both")
-        spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
-        if audiences:
-            spec["audiences"] = list(audiences)
-        q = urllib.parse.quote
-        if bound_pod:
-            pod = self.api_request("GET", f"/api/v1/namespaces/{q(namespace)}/pods/{q(bound_pod)}")
-            spec["boundObjectRef"] = {
-                "kind": "Pod", "apiVersion": "v1", "name": bound_pod, "uid": pod["metadata"]["uid"],
-            }  # fmt: skip
-        if bound_node:
-            node = self.api_request("GET", f"/api/v1/nodes/{q(bound_node)}")
-            spec["boundObjectRef"] = {
-                "kind": "Node", "apiVersion": "v1", "name": bound_node, "uid": node["metadata"]["uid"],
-            }  # fmt: skip
-        result = self.api_request(
-            "POST",
-            f"/api/v1/namespaces/{q(namespace)}/serviceaccounts/{q(service_account)}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-        )
-        token = result.get("status", {}).get("token")
+        spec = TokenRequestSpec(expirationSeconds=expiration_seconds, audiences=list(audiences) if audiences else None)
+        api = self.admin_api()
+        client = api.client()
+        try:
+            if bound_pod:
+                with api.errors(f"GET pod {namespace}/{bound_pod}"):
+                    pod = client.get(Pod, bound_pod, namespace=namespace)
+                spec.boundObjectRef = BoundObjectReference(kind="Pod", apiVersion="v1", name=bound_pod,
+                                                           uid=pod.metadata.uid if pod.metadata else None)
+            if bound_node:
+                with api.errors(f"GET node {bound_node}"):
+                    node = client.get(Node, bound_node)
+                spec.boundObjectRef = BoundObjectReference(kind="Node", apiVersion="v1", name=bound_node,
+                                                           uid=node.metadata.uid if node.metadata else None)
+            with api.errors(f"TokenRequest for {namespace}/{service_account}"):
+                result = client.create(ServiceAccountToken(metadata=ObjectMeta(), spec=spec), service_account,
+                                       namespace=namespace)
+        finally:
+            client.close()
+        token = result.status.token if result.status else None
         if not isinstance(token, str) or not token:
             raise ControlPlaneError(f"TokenRequest for {namespace}/{service_account} returned no token")
         return token
@@ -717,29 +698,24 @@ class ControlPlane:
         and loses the ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node (the
         node-lifecycle controller, which would lift it, is off). Nothing renews it, so it stays as made.
         """
-        q = urllib.parse.quote(name)
         node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
-        self.api_request(
-            "POST",
-            "/api/v1/nodes",
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}},
-        )
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         resources = {"cpu": cpu, "memory": memory, "pods": pods}
-        ready = {
-            "type": "Ready",
-            "status": "True",
-            "reason": "KubeletReady",
-            "message": "fake node (no kubelet)",
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": now,
-        }
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node (no kubelet)",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
         status = {"capacity": resources, "allocatable": resources, "conditions": [ready]}
-        self._merge_patch(f"/api/v1/nodes/{q}/status", {"status": status})
-        return self._merge_patch(f"/api/v1/nodes/{q}", {"spec": {"taints": None}})
-
-    def _merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        return self.api_request("PATCH", path, patch, content_type="application/merge-patch+json")
+        api = self.admin_api()
+        client = api.client()
+        try:
+            with api.errors(f"create node {name}"):
+                client.create(Node(metadata=ObjectMeta(name=name, labels=node_labels)))
+            with api.errors(f"patch node {name} status"):
+                client.patch(NodeStatus, name, {"status": status}, patch_type=PatchType.MERGE)
+            with api.errors(f"patch node {name}"):
+                node = client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
+        finally:
+            client.close()
+        return node.to_dict()
 
     # ---- internals: binaries, ports, processes
 

@@ -37,6 +37,9 @@ from typing import Any
 
 import psutil
 import yaml
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 
 from accel_core.devtools.controlplane import (
     AdminApi,
@@ -400,7 +403,11 @@ class KubeletNode:
 
     def wait_ready(self, timeout: float = 120.0, api: AdminApi | None = None) -> dict[str, Any]:
         """Wait until the Node is Ready with no ``node.kubernetes.io/not-ready`` taint; return it."""
-        admin = api or AdminApi(self.server, self.pki)
+        api = api or AdminApi(self.server, self.pki)
+        with contextlib.closing(api.client()) as client:
+            return self._wait_ready(api, client, timeout)
+
+    def _wait_ready(self, api: AdminApi, client: Client, timeout: float) -> dict[str, Any]:
         started_wall = int(self._started_wall)  # a Ready left by an earlier kubelet run does not count
         deadline = time.monotonic() + timeout
         last = "no Node object yet"
@@ -410,11 +417,12 @@ class KubeletNode:
                     log = self.kubelet_log if name == KUBELET else self.fakecri_log
                     raise ControlPlaneError(f"{name} of node {self.name} exited with code {proc.returncode} "
                                             f"(log {log}):\n{tail_file(log, 40)}")
+            node: dict[str, Any] | None = None
             try:
-                node = admin.request("GET", f"/api/v1/nodes/{self.name}")
+                with api.errors(f"GET node {self.name}"):
+                    node = client.get(Node, self.name).to_dict()
             except ApiRequestError as e:
                 last = str(e)
-                node = None
             if node is not None:
                 ready = [c for c in node.get("status", {}).get("conditions", []) if c.get("type") == "Ready"
                          and _timestamp(c.get("lastHeartbeatTime")) >= started_wall]
@@ -424,20 +432,20 @@ class KubeletNode:
                     if NOT_READY_TAINT not in taints:
                         self.ready_seconds = time.monotonic() - self._t0
                         return node
-                    self._lift_not_ready_taint(admin, node)
+                    self._lift_not_ready_taint(api, client, node)
             time.sleep(0.25)
         raise ControlPlaneError(f"node {self.name} not Ready within {timeout:.0f}s ({last}); kubelet log "
                                 f"{self.kubelet_log}:\n{tail_file(self.kubelet_log, 30)}")
 
-    def _lift_not_ready_taint(self, admin: AdminApi, node: dict[str, Any]) -> None:
+    def _lift_not_ready_taint(self, api: AdminApi, client: Client, node: dict[str, Any]) -> None:
         """Do the node-lifecycle controller's one job for this node: the kubelet registers the Node with the
         ``not-ready`` taint, and that controller (left out of this control plane, because it would taint the
         kubelet-less fake Nodes other tests make) lifts it once the kubelet reports Ready."""
         keep = [t for t in node.get("spec", {}).get("taints", []) or [] if t.get("key") != NOT_READY_TAINT]
         patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
                  "spec": {"taints": keep or None}}
-        with contextlib.suppress(ApiRequestError):  # a conflict: the next poll tries again
-            admin.request("PATCH", f"/api/v1/nodes/{self.name}", patch, content_type="application/merge-patch+json")
+        with contextlib.suppress(ApiRequestError), api.errors(f"patch node {self.name}"):
+            client.patch(Node, self.name, patch, patch_type=PatchType.MERGE)  # a conflict: the next poll tries again
 
     # ---- internals
 

@@ -124,12 +124,7 @@ def pod_bound_kubeconfig(control_plane: ControlPlane, client: Client, kind: Driv
         "spec": {"serviceAccountName": kind.service_account, "nodeName": node,
                  "containers": [{"name": "driver", "image": "driver:test"}]}}))
     wait(lambda: client.get(Pod, pod_name, namespace=kind.namespace), "the driver pod")
-    uid = control_plane.api_request("GET", f"/api/v1/namespaces/{kind.namespace}/pods/{pod_name}")["metadata"]["uid"]
-    spec = {"expirationSeconds": 3600,
-            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod_name, "uid": uid}}
-    token = control_plane.api_request(
-        "POST", f"/api/v1/namespaces/{kind.namespace}/serviceaccounts/{kind.service_account}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})["status"]["token"]
+    token = control_plane.mint_token(kind.namespace, kind.service_account, bound_pod=pod_name)
     return control_plane.kubeconfig_for_token(str(token), name=pod_name)
 
 

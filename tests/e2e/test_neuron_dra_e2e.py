@@ -105,12 +105,7 @@ def pod_bound_kubeconfig(control_plane: ControlPlane, kube_client: Client, node:
         "spec": {"serviceAccountName": DRA_SA, "nodeName": node,
                  "containers": [{"name": "neuron-dra-driver", "image": "neuron-dra-driver:test"}]}}))
     wait(lambda: kube_client.get(Pod, pod_name, namespace=DRA_NS), "the driver pod")
-    uid = control_plane.api_request("GET", f"/api/v1/namespaces/{DRA_NS}/pods/{pod_name}")["metadata"]["uid"]
-    spec = {"expirationSeconds": 3600, "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod_name,
-                                                          "uid": uid}}
-    token = control_plane.api_request(
-        "POST", f"/api/v1/namespaces/{DRA_NS}/serviceaccounts/{DRA_SA}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})["status"]["token"]
+    token = control_plane.mint_token(DRA_NS, DRA_SA, bound_pod=pod_name)
     return control_plane.kubeconfig_for_token(str(token), name=f"neuron-dra-{node}")
 
 
