@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from accel_core.backoff import Backoff
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
 from accel_core.grpc_types import Ctx
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
@@ -83,14 +84,13 @@ class _FileLock:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            delay = self.RETRY_MIN
+            backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.RETRY_MAX)
+                    await asyncio.sleep(backoff.next())
             try:
                 yield
             finally:
