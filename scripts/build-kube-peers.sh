@@ -27,37 +27,16 @@ have_all() {
 }
 if have_all; then echo "peer binaries cached in $BIN"; exit 0; fi
 
-die() { echo "build-kube-peers: $*" >&2; exit 1; }
-command -v go >/dev/null || die "Go is not installed; Go >= $GO_MIN is needed (k8s.io/kubernetes $KUBE_VERSION asks for it)."
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
-mkdir -p "$BIN" "$ROOT/log"
-exec 9>"$ROOT/.build.lock"
-flock 9
+NAME=build-kube-peers
+# shellcheck source=scripts/gobuild-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gobuild-lib.sh"
+go_build_env
 if have_all; then echo "peer binaries cached in $BIN"; exit 0; fi
 
-run() {
-  local label=$1 log=$2; shift 2
-  if ! "$@" >"$log" 2>&1; then
-    echo "build-kube-peers: $label failed ($*); the lines that matter from $log:" >&2
-    grep -E 'error|cannot|missing|not found|undefined|go: ' "$log" | head -n 20 >&2 || true
-    echo "--- last lines ---" >&2; tail -n 15 "$log" >&2
-    exit 1
-  fi
-}
-
-minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
-patch=${KUBE_VERSION##*.}
-staging_tag="v0.${minor}.${patch}"
 start=$(date +%s)
 
 mod="$ROOT/src"; mkdir -p "$mod/noopplugin"
-gomod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-[[ -f "$gomod" ]] || die "could not download k8s.io/kubernetes@$KUBE_VERSION"
-{
-  echo "module accelpeersbuild"; echo; echo "go $GO_MIN"; echo
-  echo "require k8s.io/kubernetes $KUBE_VERSION"; echo
-  sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
-} >"$mod/go.mod"
+kube_gomod accelpeersbuild "$mod"
 cp "$NOOP_SRC"/*.go "$mod/noopplugin/"
 pkgs=(k8s.io/kubernetes/test/images/sample-device-plugin k8s.io/kubernetes/test/e2e/dra/test-driver)
 echo "build-kube-peers: resolving modules for the sample device plugin and the DRA test driver"

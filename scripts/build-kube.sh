@@ -34,47 +34,15 @@ have_all() {
 }
 if have_all; then echo "kube binaries cached in $BIN"; exit 0; fi
 
-die() { echo "build-kube: $*" >&2; exit 1; }
-command -v go >/dev/null || die "Go is not installed; Go >= $GO_MIN is needed (k8s.io/kubernetes $KUBE_VERSION asks for it)."
-gov=$(go env GOVERSION | sed 's/^go//')
-ver_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]; }
-ver_ge "$gov" "$GO_MIN" || die "Go $gov is too old; Go >= $GO_MIN is needed for k8s.io/kubernetes $KUBE_VERSION."
-
-export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false CGO_ENABLED=0
-mkdir -p "$BIN" "$ROOT/log"
-
-# One build at a time per cache (parallel test sessions may call this together); re-check after waiting.
-exec 9>"$ROOT/.build.lock"
-flock 9
+NAME=build-kube
+# shellcheck source=scripts/gobuild-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gobuild-lib.sh"
+go_build_env
 if have_all; then echo "kube binaries cached in $BIN"; exit 0; fi
-
-# run LABEL LOG cmd...: run quietly; on failure show what matters, not pages.
-run() {
-  local label=$1 log=$2; shift 2
-  if ! "$@" >"$log" 2>&1; then
-    echo "build-kube: $label failed ($*); the lines that matter from $log:" >&2
-    grep -E 'error|cannot|missing|not found|undefined|go: ' "$log" | head -n 20 >&2 || true
-    echo "--- last lines ---" >&2; tail -n 15 "$log" >&2
-    exit 1
-  fi
-}
-
-minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
-patch=${KUBE_VERSION##*.}
-staging_tag="v0.${minor}.${patch}"
 
 build_kube() {
   local mod="$ROOT/src/kube"; mkdir -p "$mod"
-  local gomod
-  gomod=$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [[ -f "$gomod" ]] || die "could not download k8s.io/kubernetes@$KUBE_VERSION"
-  {
-    echo "module accelkubebuild"; echo; echo "go $GO_MIN"; echo
-    echo "require k8s.io/kubernetes $KUBE_VERSION"; echo
-    # The staging modules are required at v0.0.0 and replaced by local paths upstream;
-    # point each at its published tag instead.
-    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 '"$staging_tag"'#p' "$gomod"
-  } >"$mod/go.mod"
+  kube_gomod accelkubebuild "$mod"
   local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
               k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
               k8s.io/kubernetes/cmd/kubelet)

@@ -16,6 +16,7 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
+from waits import until
 
 from accel_core.dra.slices import (
     SliceDevice,
@@ -156,15 +157,6 @@ def devices(n: int, *, tainted: tuple[int, ...] = (), mem: int = 96 * 2**30) -> 
     return [SliceDevice(f"dev-{i}", {"index": i, "model": "toy"}, {"memory": mem},
                         (Taint("toy.example.com/unhealthy", "Broken", "NoSchedule"),) if i in tainted else ())
             for i in range(n)]
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def watching(api: FakeApi) -> None:
