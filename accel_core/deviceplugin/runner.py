@@ -2,8 +2,9 @@
 
 On every host change (inotify/udev event or the slow periodic rescan) the driver's ``rediscover`` re-reads the
 host, then every server re-reads its policy's device list and streams it if it changed. Between rescans, a fast
-poll re-reads only the few files that carry health and have no change event on real sysfs (``health_files``);
-when one of them changed, that counts as a host change.
+poll (an event-loop timer, :class:`~accel_core.healthpoll.PollTimer`) re-reads only the few files that carry
+health and have no change event on real sysfs (``health_files``); when one of them changed, that counts as a host
+change.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from accel_core.deviceplugin.server import DevicePluginServer
-from accel_core.healthpoll import FilePoller
+from accel_core.healthpoll import FilePoller, PollTimer
 from accel_core.logs import kv
 from accel_core.watch import ChangeWatcher
 
@@ -39,13 +40,15 @@ async def serve_device_plugins(
     poller = FilePoller()
     if health_files is not None:
         poller.watch(health_files())
-    watcher = ChangeWatcher(watch_paths, rescan_interval=rescan_interval, udev_subsystems=udev_subsystems,
-                            poll_interval=poll_interval if health_files is not None else None)
+    watcher = ChangeWatcher(watch_paths, rescan_interval=rescan_interval, udev_subsystems=udev_subsystems)
+    timer = None
+    if health_files is not None and poll_interval is not None:
+        timer = PollTimer(poller, poll_interval, lambda: watcher.kick("health"))
     async with watcher:
+        if timer is not None:
+            timer.start()
         try:
             async for reason in watcher.changes(stop, tasks=tasks):
-                if reason == "poll" and not poller.changed():
-                    continue
                 try:
                     rediscover()
                     if extra_refresh is not None:
@@ -61,6 +64,9 @@ async def serve_device_plugins(
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
+            if timer is not None:
+                timer.cancel()
+            poller.close()
             stop.set()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):

@@ -34,14 +34,19 @@ def build_parser() -> EnvArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     srv = sub.add_parser("serve", help="serve aws.amazon.com/neuron and aws.amazon.com/neuroncore to the kubelet")
     add_common_flags(srv, metrics_port=METRICS_PORT)
-    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=10.0,
-                         help="seconds between full host rescans besides those inotify/udev events start "
-                              "(env RESCAN_INTERVAL; default 10)")
+    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=30.0,
+                         help="seconds between full host rescans besides those inotify/udev events and the health "
+                              "poll start: a safety net (env RESCAN_INTERVAL; default 30)")
     srv.add_env_argument("--health-poll-interval", env="HEALTH_POLL_INTERVAL", type=seconds, default=0.5,
                          help="seconds between reads of the uncorrected-error counters, which raise no change "
                               "event on sysfs (env HEALTH_POLL_INTERVAL; default 0.5)")
     srv.add_env_argument("--pod-resources-interval", env="POD_RESOURCES_INTERVAL", type=seconds, default=2.0,
-                         help="seconds between PodResources List calls (env POD_RESOURCES_INTERVAL; default 2)")
+                         help="seconds between PodResources List calls while devices are held or pending "
+                              "(env POD_RESOURCES_INTERVAL; default 2)")
+    srv.add_env_argument("--pod-resources-idle-interval", env="POD_RESOURCES_IDLE_INTERVAL", type=seconds,
+                         default=30.0,
+                         help="seconds between PodResources List calls while no device is held or pending; an "
+                              "Allocate ends the wait (env POD_RESOURCES_IDLE_INTERVAL; default 30)")
     srv.add_env_argument("--allocation-grace", env="ALLOCATION_GRACE", type=seconds_or_zero, default=30.0,
                          help="seconds an Allocate stays in use without PodResources confirming it "
                               "(env ALLOCATION_GRACE; default 30)")
@@ -78,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rescan_interval=max(0.05, args.rescan_interval),
         health_poll_interval=max(0.05, args.health_poll_interval),
         pod_resources_interval=max(0.05, args.pod_resources_interval),
+        pod_resources_idle_interval=max(0.05, args.pod_resources_idle_interval),
         allocation_grace=max(0.0, args.allocation_grace),
         core_numbering=args.core_numbering,
         metrics_port=args.metrics_port,

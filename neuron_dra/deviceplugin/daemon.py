@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServeOptions:
-    rescan_interval: float = 10.0
+    rescan_interval: float = 30.0
     health_poll_interval: float = 0.5
     pod_resources_interval: float = 2.0
+    pod_resources_idle_interval: float = 30.0
     allocation_grace: float = 30.0
     core_numbering: CoreNumbering = "container"
     metrics_port: int = 0
@@ -122,7 +123,9 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     usage.publish()
     on_change = node.on_change = _then(refresh, usage.publish)
     poller = PodResourcesPoller(paths.pod_resources_socket, node.usage, on_change,
-                                interval=options.pod_resources_interval, registry=registry)
+                                interval=options.pod_resources_interval,
+                                idle_interval=options.pod_resources_idle_interval, registry=registry)
+    node.on_change = _then(on_change, poller.kick)  # an Allocate: List soon, even on an idle node
     registry.register(CallbackCollector(NeuronMetrics(node).produce))
     http = serve_metrics(registry, options.metrics_port, options.metrics_address)
     log.info("neuron device plugin starting", extra=kv(**paths.describe(), core_numbering=options.core_numbering,

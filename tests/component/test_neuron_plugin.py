@@ -52,7 +52,8 @@ async def running(short_tmp: Path, itype: str, lnc: int | None = None,
     standin.pod_resources = list(pods or [])
     await standin.start(pod_resources=True)
     paths = standin.paths(host_root=fake.root)
-    options = ServeOptions(rescan_interval=0.2, pod_resources_interval=0.1, retry_interval=0.2)
+    options = ServeOptions(rescan_interval=0.2, pod_resources_interval=0.1, pod_resources_idle_interval=0.1,
+                           retry_interval=0.2)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(paths, options, stop))
     try:

@@ -94,14 +94,24 @@ def test_changes_iterates_until_stop_and_polls_without_events(tmp_path: Path) ->
 
 
 def test_file_poller_sees_content_changes_and_never_blocks(tmp_path: Path) -> None:
-    state, fifo = tmp_path / "state", tmp_path / "fifo"
+    state, fifo, later = tmp_path / "state", tmp_path / "fifo", tmp_path / "later"
     state.write_text("4: ACTIVE\n")
     os.mkfifo(fifo)  # a planted FIFO must not stall the poll (no writer ever opens it)
     poller = FilePoller()
-    poller.watch([state, fifo, tmp_path / "missing"])
-    assert not poller.changed()
-    state.write_text("1: DOWN\n")
-    assert poller.changed()
-    assert not poller.changed(), "the new content is the baseline now"
-    state.unlink()
-    assert poller.changed(), "a file that can no longer be read is a change too"
+    poller.watch([state, fifo, later])
+    try:
+        assert not poller.changed()
+        state.write_text("1: DOWN\n")  # in place, as sysfs attributes change
+        assert poller.changed()
+        assert not poller.changed(), "the new content is the baseline now"
+        later.write_text("x\n")
+        assert poller.changed(), "a file missing at watch() time is opened once it exists"
+        assert not poller.changed()
+        state.unlink()
+        state.write_text("4: ACTIVE\n")  # a new file under the old name: seen once watch() re-opens (rescan)
+        poller.watch([state, fifo, later])
+        assert not poller.changed()
+        state.write_text("1: DOWN\n")
+        assert poller.changed()
+    finally:
+        poller.close()

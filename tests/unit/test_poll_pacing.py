@@ -1,0 +1,102 @@
+"""The idle-cost pacing: the health poll runs from a loop timer and wakes its consumer only on a change; the
+Neuron PodResources poller lists fast only while something is held or pending."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from accel_core.healthpoll import FilePoller, PollTimer
+from neuron_dra.deviceplugin.podresources import PodResourcesPoller
+from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
+
+
+def test_poll_timer_calls_back_only_after_a_change(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.write_text("4: ACTIVE\n")
+
+    async def scenario() -> tuple[int, int]:
+        poller = FilePoller()
+        poller.watch([state])
+        ticks = 0
+        real_changed = poller.changed
+
+        def counting() -> bool:
+            nonlocal ticks
+            ticks += 1
+            return real_changed()
+
+        poller.changed = counting  # type: ignore[method-assign]
+        fired = asyncio.Event()
+        timer = PollTimer(poller, 0.01, fired.set)
+        timer.start()
+        try:
+            while ticks < 5:
+                await asyncio.sleep(0.01)
+            before = fired.is_set()  # five polls of unchanged content
+            state.write_text("1: DOWN\n")
+            await asyncio.wait_for(fired.wait(), 5)
+            return int(before), ticks
+        finally:
+            timer.cancel()
+            poller.close()
+
+    before, ticks = asyncio.run(scenario())
+    assert before == 0, "no callback while the content stays the same"
+    assert ticks >= 6
+
+
+def test_poll_timer_survives_a_failing_poll(tmp_path: Path) -> None:
+    async def scenario() -> int:
+        poller = FilePoller()
+        calls = 0
+
+        def broken() -> bool:
+            nonlocal calls
+            calls += 1
+            raise OSError("boom")
+
+        poller.changed = broken  # type: ignore[method-assign]
+        timer = PollTimer(poller, 0.005, lambda: None)
+        timer.start()
+        while calls < 3:
+            await asyncio.sleep(0.005)
+        timer.cancel()
+        return calls
+
+    assert asyncio.run(scenario()) >= 3
+
+
+def _poller(usage: UsageTracker) -> PodResourcesPoller:
+    async def make() -> PodResourcesPoller:  # the client's channel wants a running loop
+        return PodResourcesPoller(Path("/nonexistent/kubelet.sock"), usage, lambda: None, interval=2.0,
+                                  idle_interval=30.0)
+
+    return asyncio.run(make())
+
+
+def test_pod_resources_lists_slowly_only_when_nothing_can_be_freed() -> None:
+    usage = UsageTracker(grace=30.0)
+    poller = _poller(usage)
+    assert poller.next_interval() == 2.0, "before the first List: nothing is known yet"
+    usage.apply_list({})
+    assert poller.next_interval() == 30.0, "nothing held, nothing pending"
+    usage.record_allocate(NEURONCORE, ["4"])
+    assert poller.next_interval() == 2.0, "an Allocate the List has not confirmed yet"
+    usage.apply_list({NEURONCORE: ["4"]})
+    assert poller.next_interval() == 2.0, "a held core can be freed any time"
+    usage.apply_list({NEURON: [], NEURONCORE: []})
+    assert poller.next_interval() == 30.0
+    usage.list_failed()
+    assert poller.next_interval() == 2.0, "a failing List is retried at the fast pace"
+
+
+def test_idle_interval_is_never_shorter_than_the_busy_one() -> None:
+    usage = UsageTracker()
+    usage.apply_list({})
+
+    async def make() -> PodResourcesPoller:
+        return PodResourcesPoller(Path("/nonexistent/kubelet.sock"), usage, lambda: None, interval=5.0,
+                                  idle_interval=1.0)
+
+    assert asyncio.run(make()).next_interval() == 5.0
