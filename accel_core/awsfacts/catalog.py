@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -360,19 +360,24 @@ def _check_cross_refs(t: InstanceType) -> None:
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def _packaged_text() -> str:
+    return resources.files("accel_core.awsfacts").joinpath("instances.yaml").read_text(encoding="utf-8")
+
+
+def _yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (libyaml's when present)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{source}: not valid YAML: {exc}") from exc
+
+
 def load(path: Path | None = None) -> dict[str, InstanceType]:
     """Parse a catalog file (the packaged ``instances.yaml`` by default) into ``{name: InstanceType}``."""
     if path is None:
-        text = resources.files("accel_core.awsfacts").joinpath("instances.yaml").read_text(encoding="utf-8")
-        source = "instances.yaml"
+        text, source = _packaged_text(), "instances.yaml"
     else:
-        text = path.read_text(encoding="utf-8")
-        source = str(path)
-    try:
-        raw = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (libyaml's when present)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{source}: not valid YAML: {exc}") from exc
-    top = _Fields(raw, source)
+        text, source = path.read_text(encoding="utf-8"), str(path)
+    top = _Fields(_yaml(text, source), source)
     defaults = top.sub("defaults") or _Fields({}, f"{source}.defaults")
     types = top.sub("types")
     if types is None:
@@ -393,10 +398,56 @@ def names() -> tuple[str, ...]:
     return tuple(_default_catalog())
 
 
-def get(instance_type: str) -> InstanceType:
-    """The catalog entry for ``instance_type``; :class:`UnknownInstanceType` (a KeyError) if absent."""
-    catalog = _default_catalog()
+#: a type's first line in the packaged file: two spaces, the name, a colon (see the ``types:`` section)
+_TYPE_LINE = re.compile(r"^  ([A-Za-z0-9][A-Za-z0-9.-]*):[ \t]*(?:#.*)?$")
+
+
+@lru_cache(maxsize=1)
+def _sections() -> tuple[str, dict[str, str]]:
+    """The packaged file cut into its head (everything before ``types:``) and the text of each type's block.
+
+    A daemon needs one type, and libyaml takes ~25 ms for the whole file at start-up; a block is a few hundred
+    lines at most. tests/unit/test_catalog* check that every type parsed alone equals the whole-file parse.
+    """
+    lines = _packaged_text().splitlines(keepends=True)
     try:
-        return catalog[instance_type]
-    except KeyError:
-        raise UnknownInstanceType(instance_type, tuple(catalog)) from None
+        at = next(i for i, line in enumerate(lines) if line.rstrip() == "types:")
+    except StopIteration:
+        raise CatalogError("instances.yaml: missing 'types'") from None
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines[at + 1:]:
+        match = _TYPE_LINE.match(line)
+        if match:
+            current = blocks.setdefault(match.group(1), [])
+        if current is not None:
+            current.append(line)
+    return "".join(lines[:at]), {name: "".join(block) for name, block in blocks.items()}
+
+
+@cache
+def _one(instance_type: str) -> InstanceType:
+    head, blocks = _sections()
+    block = blocks.get(instance_type)
+    if block is None:
+        raise UnknownInstanceType(instance_type, tuple(blocks))
+    top = _Fields(_yaml(head, "instances.yaml") or {}, "instances.yaml")
+    defaults = top.sub("defaults") or _Fields({}, "instances.yaml.defaults")
+    body = _Fields(_yaml("types:\n" + block, "instances.yaml"), "instances.yaml").sub("types")
+    if body is None or list(body.data) != [instance_type]:
+        raise CatalogError(f"instances.yaml: the block of {instance_type} does not parse on its own")
+    return _parse_type(instance_type, _Fields(body.data[instance_type], f"instances.yaml: {instance_type}"),
+                       defaults)
+
+
+def get(instance_type: str) -> InstanceType:
+    """The catalog entry for ``instance_type``; :class:`UnknownInstanceType` (a KeyError) if absent.
+
+    Only that type's block of the packaged file is parsed (unless the whole catalog is loaded already)."""
+    if _default_catalog.cache_info().currsize:
+        catalog = _default_catalog()
+        try:
+            return catalog[instance_type]
+        except KeyError:
+            raise UnknownInstanceType(instance_type, tuple(catalog)) from None
+    return _one(instance_type)
