@@ -44,14 +44,19 @@ class ServeOptions:
 
 
 class Refresher:
-    """Re-sends both device lists soon after usage changes (callable from synchronous policy code).
+    """Re-sends both device lists (then runs ``after``, the usage annotation) soon after usage changes; callable
+    from synchronous policy code.
 
-    Calls that arrive while a refresh runs are folded into one more pass, so a burst of Allocates costs at most
-    two refreshes.
+    The pass starts ``delay`` seconds later, not inside the Allocate that caused it: the kubelet gets its answer
+    first, and the Allocates of one pod's containers (a burst) fold into one pass. Calls that arrive while a pass
+    runs are folded into one more pass.
     """
 
-    def __init__(self, servers: list[DevicePluginServer]) -> None:
+    def __init__(self, servers: list[DevicePluginServer], after: Callable[[], None] | None = None, *,
+                 delay: float = 0.005) -> None:
         self._servers = servers
+        self._after = after
+        self._delay = delay
         self._task: asyncio.Task[None] | None = None
         self._again = False
 
@@ -62,10 +67,13 @@ class Refresher:
         self._task = asyncio.get_running_loop().create_task(self._refresh())
 
     async def _refresh(self) -> None:
+        await asyncio.sleep(self._delay)
         while True:
             self._again = False
             for server in self._servers:
                 await server.refresh()
+            if self._after is not None:
+                self._after()
             if not self._again:
                 return
 
@@ -115,13 +123,12 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     policies: list[DevicePluginPolicy] = [NeuronDevicePolicy(node, shared), NeuronCorePolicy(node, shared)]
     servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
                for policy in policies]
-    refresh = Refresher(servers)
     own = OwnNode(None, options.node_name)  # its API client comes after the first Register (own_node_labels)
     labelled = NodeLabels(node, own)
     labelled.update()
     usage = UsagePublisher(node, own)
     usage.publish()
-    on_change = node.on_change = _then(refresh, usage.publish)
+    on_change = Refresher(servers, usage.publish)
     poller = PodResourcesPoller(paths.pod_resources_socket, node.usage, on_change,
                                 interval=options.pod_resources_interval,
                                 idle_interval=options.pod_resources_idle_interval, registry=registry)
