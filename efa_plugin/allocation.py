@@ -50,6 +50,10 @@ class _Group:
     members: list[str] = field(default_factory=list)  #: all inventory devices below (sorted)
 
 
+#: remembered preferred-allocation answers per inventory (a cleared dict when full: cheap and bounded)
+MEMO_SIZE = 256
+
+
 class Topology:
     """The group tree of one inventory; build once per inventory and reuse for every request."""
 
@@ -64,6 +68,7 @@ class Topology:
                 node = node.children.setdefault(key, _Group(key, level))
                 node.members.append(dev.id)
         self.group_of = {m: self._leaf_key(m) for m in self.known}
+        self._memo: dict[tuple[frozenset[str], tuple[str, ...], int], list[str]] = {}
 
     def _leaf_key(self, device_id: str) -> str:
         node = self.top
@@ -82,8 +87,19 @@ class Topology:
         """``size`` IDs from ``available`` (plus ``must_include``), all of ``must_include`` first in priority.
 
         Unknown IDs are never preferred over known ones; if the request cannot be met (too few available), the
-        answer holds every available ID, which the kubelet then rejects with its own message.
+        answer holds every available ID, which the kubelet then rejects with its own message. Answers are
+        remembered per (available set, must-include, size): the kubelet asks the same question for every pod until
+        the free set changes, and the tree belongs to one inventory.
         """
+        key = (frozenset(available), tuple(must_include), size)
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            found = self._memo[key] = self._preferred(available, must_include, size)
+        return list(found)
+
+    def _preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         must = list(dict.fromkeys(must_include))
         if size <= len(must):
             return must

@@ -188,3 +188,19 @@ def test_property_p5_random_sequences_whole_roots(tmp_path: Path) -> None:
             free.difference_update(got)
             held.append(got)
     assert checked > 500
+
+
+def test_remembered_answers_equal_fresh_ones_and_cannot_be_altered_by_callers() -> None:
+    rng = random.Random(7)
+    topo = Topology(catalog_devices("p5.48xlarge"))
+    ids = sorted(topo.known)
+    for _ in range(200):
+        available = rng.sample(ids, rng.randint(1, len(ids)))
+        must = rng.sample(available, rng.randint(0, min(3, len(available))))
+        size = rng.randint(max(1, len(must)), len(available))
+        first = topo.preferred(available, must, size)
+        first.append("tampered")  # a caller mutating its answer must not change the next one
+        again = topo.preferred(list(reversed(available)), must, size)  # same set, other order: same question
+        fresh = Topology(catalog_devices("p5.48xlarge")).preferred(available, must, size)
+        assert again == fresh, (available, must, size)
+        assert set(must) <= set(again) and len(again) == size
