@@ -24,8 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import disable_created_metrics
-
 from accel_core.hostfiles import HostValueError, describe, parse_int
 from accel_core.logs import kv, setup_logging
 from accel_core.paths import HostPaths, add_path_flags, resolve_paths
@@ -206,11 +204,20 @@ def safe_stdout() -> None:
         reconfigure(errors="backslashreplace")
 
 
+def no_created_series() -> None:
+    """No ``*_created`` series: they double every counter for no operator value. Through the environment, so
+    the daemons need not import prometheus_client before their first Register; directly when it is loaded."""
+    os.environ["PROMETHEUS_DISABLE_CREATED_SERIES"] = "True"
+    metrics = sys.modules.get("prometheus_client.metrics")
+    if metrics is not None:
+        metrics.disable_created_metrics()
+
+
 def setup_from_args(args: argparse.Namespace, *, serving: bool = True) -> HostPaths:
     """Configure logging and resolve paths from parsed common flags (``serving=False`` for read-only commands)."""
     setup_logging(args.log_level, args.log_format)
     safe_stdout()
-    disable_created_metrics()  # no *_created series: they double every counter for no operator value
+    no_created_series()
     paths = resolve_paths(args)
     check_roots(paths, kubelet=serving)
     return paths

@@ -6,6 +6,9 @@
 
 ``serve`` never exits for a node without EFA: it logs one line, advertises nothing, keeps watching and registers
 once devices appear. SIGTERM/SIGINT stop it cleanly (socket removed, exit status 0).
+
+Start-up registers first: this module imports only what serving and registering need; the scan, the policy,
+metrics and the watchers load once the kubelet has the registration (:func:`run_plugin`).
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING
 
 from accel_core.cli import EnvArgumentParser, add_common_flags, seconds, setup_from_args
 from accel_core.daemon import run_daemon
-from accel_core.deviceplugin import DevicePluginServer
-from accel_core.deviceplugin.runner import serve_device_plugins
+from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import kv
-from accel_core.metrics import CallbackCollector, serve_metrics
 from accel_core.paths import HostPaths
 from efa_plugin import METRICS_PORT, RESOURCE_NAME, SOCKET_NAME
-from efa_plugin.discovery import EfaInventory, discover
-from efa_plugin.metrics import AllocatedDevices, EfaMetrics
-from efa_plugin.policy import EfaPolicy
+from efa_plugin.presence import efa_expected
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from efa_plugin.discovery import EfaInventory
 
 log = logging.getLogger("efa_plugin")
 
@@ -101,6 +104,8 @@ def inventory_table(inv: EfaInventory) -> str:
 
 
 def _ls(args: argparse.Namespace) -> int:
+    from efa_plugin.discovery import discover
+
     paths = setup_from_args(args, serving=False)
     inv = discover(paths)
     if args.output == "json":
@@ -115,17 +120,30 @@ def _ls(args: argparse.Namespace) -> int:
 
 async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: CollectorRegistry | None = None,
                      rescan_interval: float = DEFAULT_RESCAN_S, retry_interval: float = 1.0,
-                     health_poll_interval: float = DEFAULT_HEALTH_POLL_S) -> None:
-    """The daemon body: discover, serve and register, follow host changes until ``stop``.
+                     health_poll_interval: float = DEFAULT_HEALTH_POLL_S, metrics_port: int = 0,
+                     metrics_address: str = "127.0.0.1") -> None:
+    """The daemon body: serve and register, then discover, follow host changes until ``stop``.
 
     Also used by the component tests and the benchmark, so they exercise exactly this wiring.
     """
+    server = DevicePluginServer(None, paths, resource_name=RESOURCE_NAME, socket_name=SOCKET_NAME,
+                                expect_devices=lambda: efa_expected(paths), retry_interval=retry_interval)
+    await register_first([server], stop)
+    # the kubelet knows us (or there is nothing to register yet): load the rest now
+    from prometheus_client import CollectorRegistry
+
+    from accel_core.deviceplugin.runner import serve_device_plugins
+    from accel_core.metrics import CallbackCollector, serve_metrics
+    from efa_plugin.metrics import AllocatedDevices, EfaMetrics
+    from efa_plugin.policy import EfaPolicy
+
     registry = registry if registry is not None else CollectorRegistry()
     policy = EfaPolicy(paths)
-    policy.rediscover()
-    server = DevicePluginServer(policy, paths, registry=registry, retry_interval=retry_interval)
+    await asyncio.to_thread(policy.rediscover)  # off the loop: the kubelet may be calling us already
     allocated = AllocatedDevices(paths.pod_resources_socket, RESOURCE_NAME)
     registry.register(CallbackCollector(EfaMetrics(policy, allocated)))
+    metrics_server = serve_metrics(registry, metrics_port, metrics_address)
+    await server.attach(policy, registry)
     real_host = os.path.realpath(paths.host_root) == "/"
 
     def rediscover() -> None:
@@ -144,6 +162,8 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
         )
     finally:
         allocated.close()
+        if metrics_server is not None:
+            metrics_server.shutdown()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -151,18 +171,13 @@ def _serve(args: argparse.Namespace) -> int:
     log.info("starting", extra=kv(daemon=DAEMON_NAME, resource=RESOURCE_NAME, socket=SOCKET_NAME,
                                   rescan_interval=args.rescan_interval,
                                   health_poll_interval=args.health_poll_interval, **paths.describe()))
-    registry = CollectorRegistry()
-    metrics_server = serve_metrics(registry, args.metrics_port, args.metrics_address)
 
     async def main(stop: asyncio.Event) -> None:
-        await run_plugin(paths, stop, registry=registry, rescan_interval=args.rescan_interval,
-                         health_poll_interval=args.health_poll_interval)
+        await run_plugin(paths, stop, rescan_interval=args.rescan_interval,
+                         health_poll_interval=args.health_poll_interval, metrics_port=args.metrics_port,
+                         metrics_address=args.metrics_address)
 
-    try:
-        return run_daemon(main, DAEMON_NAME)
-    finally:
-        if metrics_server is not None:
-            metrics_server.shutdown()
+    return run_daemon(main, DAEMON_NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from accel_core.hostfiles import (
 from accel_core.hostinfo import pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from efa_plugin.neuron_map import neuron_table
+from efa_plugin.presence import CLASS_IB as CLASS_IB
 
 EFA_VENDOR = 0x1D0F
 EFA_DEVICE_IDS = range(0xEFA0, 0xEFB0)
@@ -42,7 +43,6 @@ NVIDIA_VENDOR = 0x10DE
 MAX_ID_LENGTH = 63
 
 CLASS_VERBS = "/sys/class/infiniband_verbs"
-CLASS_IB = "/sys/class/infiniband"
 DEV_IB = "/dev/infiniband"
 PCI_DEVICES = "/sys/bus/pci/devices"
 

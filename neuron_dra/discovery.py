@@ -44,9 +44,9 @@ from accel_core.hostfiles import (
 from accel_core.hostinfo import DMI_PRODUCT_NAMES, pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from neuron_dra.instances import ExpectedLayout, expected_layout
+from neuron_dra.presence import CLASS_DIR as CLASS_DIR
 from neuron_dra.topology import Topology, build_topology
 
-CLASS_DIR = "/sys/class/neuron_device"
 LNC_FILE = "/opt/aws/neuron/logical_nc_config"
 LNC_KEY = "NEURON_LOGICAL_NC_CONFIG"
 DRIVER_VERSION_FILE = "/sys/module/neuron/version"

@@ -36,7 +36,7 @@ async def serve_device_plugins(
     poll_interval: float | None = None,
 ) -> None:
     """Serve until ``stop``; ``rediscover`` must not raise for bad host files (it logs and degrades instead)."""
-    tasks = [asyncio.create_task(s.run(stop)) for s in servers]
+    tasks = [s.start(stop) for s in servers]  # already running when started early (register_first)
     poller = FilePoller()
     if health_files is not None:
         poller.watch(health_files())

@@ -1,13 +1,18 @@
 """A generic kubelet device-plugin server (v1beta1) over a unix socket.
 
 Life cycle, as the kubelet requires it:
-- serve DevicePlugin on ``<device-plugins dir>/<socket>`` and prove it answers, then Register with
-  ``kubelet.sock`` (the kubelet dials back and calls GetDevicePluginOptions during Register);
+- serve DevicePlugin on ``<device-plugins dir>/<socket>``, then Register with ``kubelet.sock`` (the kubelet dials
+  back and calls GetDevicePluginOptions during Register);
 - ListAndWatch sends the full list at once and again on every change (both ways: Unhealthy and back);
 - a re-created ``kubelet.sock`` means the kubelet restarted and deleted every socket there, ours included: serve
   again and register again (inotify makes this sub-second);
 - our own socket deleted: serve again and register again;
 - no kubelet: keep serving and retry; never exit for it; nothing to advertise yet: do not register at all.
+
+A daemon may also start a server before its driver is loaded (``policy=None`` plus a cheap ``expect_devices``
+probe, then :meth:`DevicePluginServer.attach`): it serves and registers first, as fast as a no-op plugin, and
+ListAndWatch sends the first list once the policy is attached and has read the host. prometheus_client and the
+watcher are loaded only then, so they cost nothing before the kubelet knows the plugin.
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginPolicy
 from accel_core.edits import ContainerEdits
@@ -31,7 +36,11 @@ from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from accel_core.logs import kv
 from accel_core.paths import HostPaths, check_socket_path
-from accel_core.watch import ChangeWatcher
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from accel_core.watch import ChangeWatcher
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +55,8 @@ _METRICS_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, DevicePluginM
 def metrics_for(registry: CollectorRegistry | None) -> DevicePluginMetrics:
     """One metrics set per registry, shared by every server of a daemon (they differ by the resource label)."""
     if registry is None:
+        from prometheus_client import CollectorRegistry
+
         return DevicePluginMetrics(CollectorRegistry())
     found = _METRICS_BY_REGISTRY.get(registry)
     if found is None:
@@ -57,6 +68,8 @@ class DevicePluginMetrics:
     """Server-level metrics, labelled by resource."""
 
     def __init__(self, reg: CollectorRegistry) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
         self.registered = Gauge("accel_device_plugin_registered", "1 while registered with the kubelet",
                                 ["resource"], registry=reg)
         self.registrations = Counter("accel_device_plugin_registrations_total",
@@ -114,9 +127,10 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreferredAllocationRequest, context: Ctx
     ) -> pb.PreferredAllocationResponse:
         out = pb.PreferredAllocationResponse()
+        policy = await self._owner.loaded_policy(context)
         for creq in request.container_requests:
             try:
-                ids = self._owner.policy.preferred(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
+                ids = policy.preferred(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
                                                    int(creq.allocation_size))
             except AllocationError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -125,7 +139,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):
 
     async def Allocate(self, request: pb.AllocateRequest, context: Ctx) -> pb.AllocateResponse:  # noqa: N802
         owner = self._owner
-        resource = owner.policy.resource_name
+        resource = owner.resource_name
+        await owner.loaded_policy(context)
         start = time.perf_counter()
         out = pb.AllocateResponse()
         for creq in request.container_requests:
@@ -152,16 +167,35 @@ class DevicePluginServer:
 
     def __init__(
         self,
-        policy: DevicePluginPolicy,
+        policy: DevicePluginPolicy | None,
         paths: HostPaths,
         *,
         registry: CollectorRegistry | None = None,
         retry_interval: float = 1.0,
+        resource_name: str | None = None,
+        socket_name: str | None = None,
+        expect_devices: Callable[[], bool] | None = None,
     ) -> None:
+        """``policy=None`` starts without a driver: give ``resource_name``, ``socket_name`` and ``expect_devices``
+        (a cheap probe: register only when it says devices are there), then :meth:`attach` the policy."""
         self.policy = policy
-        self.metrics = metrics_for(registry)
+        self.resource_name = resource_name or (policy.resource_name if policy is not None else "")
+        socket_name = socket_name or (policy.socket_name if policy is not None else "")
+        if not self.resource_name or not socket_name:
+            raise ValueError("a server without a policy needs resource_name and socket_name")
+        self._expect = expect_devices or (lambda: False)
+        self._registry = registry
+        self._metrics: DevicePluginMetrics | None = metrics_for(registry) if policy is not None else None
+        self._registrations = 0  # Register calls made before the metrics existed
+        self._listed = False
+        self._task: asyncio.Task[None] | None = None
+        #: set once the first serve-and-register attempt is over (registered or not)
+        self.first_round = asyncio.Event()
+        self._loaded = asyncio.Event()
+        if policy is not None:
+            self._loaded.set()
         self._dir = paths.device_plugins_dir
-        self._socket = self._dir / policy.socket_name
+        self._socket = self._dir / socket_name
         self._kubelet_sock = paths.kubelet_socket
         self._retry = retry_interval
         self._devices: list[AdvertisedDevice] = []
@@ -180,12 +214,49 @@ class DevicePluginServer:
         return self._socket
 
     @property
+    def metrics(self) -> DevicePluginMetrics:
+        if self._metrics is None:
+            self._metrics = metrics_for(self._registry)
+            self._metrics.registered.labels(self.resource_name).set(1 if self.registered.is_set() else 0)
+            if self._registrations:
+                self._metrics.registrations.labels(self.resource_name).inc(self._registrations)
+        return self._metrics
+
+    async def attach(self, policy: DevicePluginPolicy, registry: CollectorRegistry | None = None) -> None:
+        """Give a server started without a policy its driver (and its metrics registry), read the first device
+        list and send it."""
+        if policy.resource_name != self.resource_name:
+            raise ValueError(f"policy for {policy.resource_name} attached to the {self.resource_name} server")
+        if self._metrics is None and registry is not None:
+            self._registry = registry
+        self.policy = policy
+        self._loaded.set()
+        await self.refresh()
+        if self._watcher is not None:
+            self._watcher.kick("attached")
+
+    async def loaded_policy(self, context: Ctx) -> DevicePluginPolicy:
+        """The policy, once attached; a call that arrives before (the kubelet never sends one: it allocates only
+        listed IDs) is refused as UNAVAILABLE after a short wait."""
+        if self.policy is None:
+            try:
+                await asyncio.wait_for(self._loaded.wait(), REGISTER_TIMEOUT_S)
+            except TimeoutError:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.resource_name}: the device list is not "
+                                    "read yet; retry")
+        assert self.policy is not None
+        return self.policy
+
+    @property
     def devices(self) -> list[AdvertisedDevice]:
         return list(self._devices)
 
     # -- device list ---------------------------------------------------------------------------------------------
     async def refresh(self) -> bool:
-        """Re-read the policy's device list; wake ListAndWatch streams if it changed. Returns True on change."""
+        """Re-read the policy's device list; wake ListAndWatch streams if it changed (or is the first). Returns True
+        on change."""
+        if self.policy is None:
+            return False
         try:
             blocked = self.policy.advertise_blocked()
             devices = [] if blocked else list(self.policy.devices())
@@ -195,15 +266,16 @@ class DevicePluginServer:
             return False
         if blocked:
             self._note(f"advertising nothing: {blocked}")
-        if devices == self._devices:
+        if devices == self._devices and self._listed:
             return False
+        self._listed = True
         async with self._cond:
             self._devices = devices
             self._by_id = {d.id: d for d in devices}
             self._version += 1
             self._cond.notify_all()
         healthy = sum(d.healthy for d in devices)
-        resource = self.policy.resource_name
+        resource = self.resource_name
         self.metrics.devices.labels(resource, "healthy").set(healthy)
         self.metrics.devices.labels(resource, "unhealthy").set(len(devices) - healthy)
         log.info("device list changed", extra=kv(resource=resource, devices=len(devices), healthy=healthy))
@@ -212,8 +284,9 @@ class DevicePluginServer:
         return True
 
     async def device_updates(self) -> AsyncIterator[list[AdvertisedDevice]]:
-        """The current list now, then the full list after every change (for one ListAndWatch stream)."""
-        seen = [-1]
+        """The current list once the first one is read, then the full list after every change (for one ListAndWatch
+        stream)."""
+        seen = [0]
         while True:
             async with self._cond:
                 await self._cond.wait_for(lambda: self._version != seen[0])
@@ -227,41 +300,57 @@ class DevicePluginServer:
         for device_id in ids:
             dev = by_id.get(device_id)
             if dev is None:
-                raise AllocationError(f"unknown device ID {device_id!r} for {self.policy.resource_name}")
+                raise AllocationError(f"unknown device ID {device_id!r} for {self.resource_name}")
             if not dev.healthy:
-                raise AllocationError(f"device {device_id!r} of {self.policy.resource_name} is unhealthy")
+                raise AllocationError(f"device {device_id!r} of {self.resource_name} is unhealthy")
+        assert self.policy is not None  # devices are listed only once it is attached
         return self.policy.allocate(ids)
 
     # -- life cycle ----------------------------------------------------------------------------------------------
+    def start(self, stop: asyncio.Event) -> asyncio.Task[None]:
+        """:meth:`run` as a task, started once (later calls return the same task)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self.run(stop))
+        return self._task
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, register and keep both alive until ``stop`` is set; then remove the socket."""
-        await self.refresh()
-        # events on the directory (kubelet.sock re-created, our socket deleted) wake us at once; until registered a
-        # retry tick re-checks (a few stats) as well; the watch is re-armed on events and every RE_ARM_S
-        watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=max(RE_ARM_S, self._retry), debounce=0.01,
-                                depth=0)
-        self._watcher = watcher
-        async with watcher:
-            try:
-                await self._reconcile_logged()
+        try:
+            await self.refresh()
+            await self._reconcile_logged()  # serve and register before the watcher is even loaded
+            self.first_round.set()
+            from accel_core.watch import ChangeWatcher
+
+            # events on the directory (kubelet.sock re-created, our socket deleted) wake us at once; until
+            # registered a retry tick re-checks (a few stats) as well; the watch is re-armed on events and every
+            # RE_ARM_S
+            watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=max(RE_ARM_S, self._retry),
+                                    debounce=0.01, depth=0)
+            self._watcher = watcher
+            async with watcher:
+                await self._reconcile_logged()  # anything that changed before the watch was armed
                 watcher.poll_interval = None if self.registered.is_set() else self._retry
                 async for _ in watcher.changes(stop):
                     await self._reconcile_logged()
                     watcher.poll_interval = None if self.registered.is_set() else self._retry
-            finally:
-                self._watcher = None
-                await self._stop_server()
-                log.info("device plugin stopped", extra=kv(resource=self.policy.resource_name))
+        finally:
+            self.first_round.set()
+            self._watcher = None
+            await self._stop_server()
+            log.info("device plugin stopped", extra=kv(resource=self.resource_name))
 
     async def _reconcile_logged(self) -> None:
         try:
             await self._reconcile()
         except Exception:  # a daemon never dies for one bad round; the next wake-up retries
-            log.exception("device plugin reconcile failed; retrying", extra=kv(resource=self.policy.resource_name))
+            log.exception("device plugin reconcile failed; retrying", extra=kv(resource=self.resource_name))
             await self._stop_server()
 
     async def _reconcile(self) -> None:
-        want = bool(self._devices) or self._server is not None
+        if self.policy is None:
+            want = self._server is not None or self._expect()
+        else:
+            want = bool(self._devices) or self._server is not None
         if not want:
             self._note("no devices to advertise; not registering, still watching")
             return
@@ -300,16 +389,15 @@ class DevicePluginServer:
                 await server.stop(None)
             return
         self._server = server
+        # A started server listens on the socket it bound: no round trip to ourselves before Register (a fresh
+        # channel costs ~15 ms of start-up). If the socket is gone or replaced later, its identity differs and the
+        # next reconcile serves again; if the kubelet cannot reach us, Register fails and is retried.
         self._socket_id = _identity(self._socket)
-        # prove we answer before telling the kubelet about us
-        try:
-            async with grpc.aio.insecure_channel(f"unix://{self._socket}") as channel:
-                await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=REGISTER_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            self._note(f"own socket {self._socket} does not answer ({exc.code().name}); serving again later")
+        if self._socket_id is None:
+            self._note(f"own socket {self._socket} vanished right after serving; serving again later")
             await self._stop_server()
             return
-        log.info("serving device plugin", extra=kv(resource=self.policy.resource_name, socket=str(self._socket)))
+        log.info("serving device plugin", extra=kv(resource=self.resource_name, socket=str(self._socket)))
 
     async def _stop_server(self) -> None:
         server, self._server = self._server, None
@@ -323,7 +411,7 @@ class DevicePluginServer:
         self._mark_unregistered()
 
     async def _register(self, kubelet_id: tuple[int, int]) -> None:
-        resource = self.policy.resource_name
+        resource = self.resource_name
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=self._socket.name,
@@ -338,19 +426,41 @@ class DevicePluginServer:
             return
         self._registered_with = kubelet_id
         self._last_problem = ""
-        self.metrics.registrations.labels(resource).inc()
-        self.metrics.registered.labels(resource).set(1)
         self.registered.set()
+        if self._metrics is None:
+            self._registrations += 1  # counted when the metrics are loaded (see metrics)
+        else:
+            self._metrics.registrations.labels(resource).inc()
+            self._metrics.registered.labels(resource).set(1)
         log.info("registered with kubelet", extra=kv(resource=resource, endpoint=self._socket.name,
                                                      devices=len(self._devices)))
 
     def _mark_unregistered(self) -> None:
         self._registered_with = None
         self.registered.clear()
-        self.metrics.registered.labels(self.policy.resource_name).set(0)
+        if self._metrics is not None:
+            self._metrics.registered.labels(self.resource_name).set(0)
 
     def _note(self, problem: str) -> None:
         """Log a waiting condition once, not on every retry."""
         if problem != self._last_problem:
-            log.info(problem, extra=kv(resource=self.policy.resource_name))
+            log.info(problem, extra=kv(resource=self.resource_name))
             self._last_problem = problem
+
+
+async def register_first(servers: Sequence[DevicePluginServer], stop: asyncio.Event) -> None:
+    """Start ``servers`` and return once each has served and registered (or decided not to, or given up for now):
+    the caller loads its driver after this, while the kubelet already knows the plugin."""
+    for server in servers:
+        server.start(stop)
+
+    async def rounds() -> None:
+        for server in servers:
+            await server.first_round.wait()
+
+    done, stopping = asyncio.ensure_future(rounds()), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({done, stopping}, timeout=2 * REGISTER_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        done.cancel()
+        stopping.cancel()

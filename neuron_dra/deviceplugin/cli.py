@@ -1,9 +1,13 @@
-"""``neuron-device-plugin``: ``serve`` (the kubelet device plugin) and ``ls`` (what it would advertise)."""
+"""``neuron-device-plugin``: ``serve`` (the kubelet device plugin) and ``ls`` (what it would advertise).
+
+``serve`` registers first: this module loads only what serving and registering need; the scan, the instance
+catalog, the policies, metrics and the rest load once the kubelet has both registrations (daemon.py).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import sys
 from collections.abc import Sequence
 
 from accel_core.cli import (
@@ -18,12 +22,12 @@ from accel_core.cli import (
     setup_from_args,
 )
 from accel_core.daemon import run_daemon
+from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import setup_logging
-from accel_core.paths import ENV_NODE_NAME, add_path_flags, resolve_paths
+from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_paths
 from neuron_dra.deviceplugin import guard
-from neuron_dra.deviceplugin.daemon import ServeOptions, serve
-from neuron_dra.deviceplugin.listing import inventory_report, inventory_table
-from neuron_dra.discovery import discover
+from neuron_dra.deviceplugin.options import REGISTRATIONS, ServeOptions
+from neuron_dra.presence import devices_present
 
 METRICS_PORT = 9811
 
@@ -68,6 +72,9 @@ def build_parser() -> EnvArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "ls":
+        from neuron_dra.deviceplugin.listing import inventory_report, inventory_table
+        from neuron_dra.discovery import discover
+
         setup_logging(args.log_level, args.log_format)
         safe_stdout()
         paths = resolve_paths(args)
@@ -91,8 +98,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_name=args.node_name,
         kubeconfig=args.kubeconfig,
     )
-    return run_daemon(lambda stop: serve(paths, options, stop), "neuron-device-plugin")
+    return run_daemon(lambda stop: serve_registering_first(paths, options, stop), "neuron-device-plugin")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def early_servers(paths: HostPaths, options: ServeOptions) -> list[DevicePluginServer]:
+    """Both servers, without policies yet: they register when this node shows Neuron devices and no DRA driver."""
+
+    def expected() -> bool:
+        return devices_present(paths) and guard.blocked_reason(paths) is None
+
+    return [DevicePluginServer(None, paths, resource_name=resource, socket_name=socket, expect_devices=expected,
+                               retry_interval=options.retry_interval) for resource, socket in REGISTRATIONS]
+
+
+async def serve_registering_first(paths: HostPaths, options: ServeOptions, stop: asyncio.Event,
+                                  servers: list[DevicePluginServer] | None = None) -> None:
+    """Serve both sockets and register them (:func:`early_servers`), then load and run the daemon, which gives
+    both servers their policies."""
+    servers = servers if servers is not None else early_servers(paths, options)
+    await register_first(servers, stop)
+    from neuron_dra.deviceplugin.daemon import serve
+
+    await serve(paths, options, stop, servers=servers)

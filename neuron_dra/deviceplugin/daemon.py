@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -17,30 +16,14 @@ from accel_core.metrics import CallbackCollector, serve_metrics
 from accel_core.ownnode import OwnNode, optional_client
 from accel_core.paths import HostPaths
 from accel_core.watch import STOP, wake
-from neuron_dra.deviceplugin.edits import CoreNumbering
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.node import NeuronNode
+from neuron_dra.deviceplugin.options import ServeOptions as ServeOptions
 from neuron_dra.deviceplugin.podresources import PodResourcesPoller
 from neuron_dra.deviceplugin.policy import NeuronCorePolicy, NeuronDevicePolicy, PolicyMetrics
 from neuron_dra.deviceplugin.publish import UsagePublisher
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    rescan_interval: float = 30.0
-    health_poll_interval: float = 0.5
-    pod_resources_interval: float = 2.0
-    pod_resources_idle_interval: float = 30.0
-    allocation_grace: float = 30.0
-    core_numbering: CoreNumbering = "container"
-    metrics_port: int = 0
-    metrics_address: str = "127.0.0.1"
-    retry_interval: float = 1.0
-    node_name: str | None = None
-    """Our Node, for its labels (None: no labels)."""
-    kubeconfig: str | None = None
 
 
 class Refresher:
@@ -109,20 +92,25 @@ async def own_node_labels(own: OwnNode, kubeconfig: str | None, registered: asyn
 
 
 async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
-                registry: CollectorRegistry | None = None, node: NeuronNode | None = None) -> None:
+                registry: CollectorRegistry | None = None, node: NeuronNode | None = None,
+                servers: list[DevicePluginServer] | None = None) -> None:
     """Serve ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore`` until ``stop`` is set.
 
-    ``node`` may be passed in to inspect the shared state (tests, benchmarks). What is in use is published on our
-    Node as the device-usage annotation after every change (publish.py), next to the labels.
+    ``servers`` started early without policies (``cli.main``: registered before this module loaded) get theirs
+    once the first scan and the first PodResources List are done. ``node`` may be passed in to inspect the shared
+    state (tests, benchmarks). What is in use is published on our Node as the device-usage annotation after every
+    change (publish.py), next to the labels.
     """
     registry = registry if registry is not None else CollectorRegistry()
     if node is None:
         node = NeuronNode(paths, numbering=options.core_numbering, grace=options.allocation_grace)
-    node.rediscover()
+    await asyncio.to_thread(node.rediscover)  # off the loop: the kubelet may be calling the early servers
     shared = PolicyMetrics(registry)
     policies: list[DevicePluginPolicy] = [NeuronDevicePolicy(node, shared), NeuronCorePolicy(node, shared)]
-    servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
-               for policy in policies]
+    early = servers
+    if servers is None:
+        servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
+                   for policy in policies]
     own = OwnNode(None, options.node_name)  # its API client comes after the first Register (own_node_labels)
     labelled = NodeLabels(node, own)
     labelled.update()
@@ -143,6 +131,9 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
         await poller.poll_once()
     except Exception:  # never fatal: the poller keeps trying
         log.exception("first PodResources List failed")
+    if early is not None:  # advertise only now, knowing what pods hold
+        for server, policy in zip(early, policies, strict=True):
+            await server.attach(policy, registry)
     poll_task = asyncio.create_task(poller.run(stop))
     own_task = asyncio.create_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop))
     try:

@@ -20,12 +20,11 @@ from accel_core.logs import kv
 from neuron_dra.deviceplugin.allocation import Choice, choose_cores, choose_devices
 from neuron_dra.deviceplugin.edits import container_edits
 from neuron_dra.deviceplugin.node import NeuronNode
+from neuron_dra.deviceplugin.options import NEURON_SOCKET, NEURONCORE_SOCKET
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
 
 log = logging.getLogger(__name__)
 
-NEURON_SOCKET = "neuron-devplugin.sock"
-NEURONCORE_SOCKET = "neuroncore-devplugin.sock"
 
 
 class PolicyMetrics:
