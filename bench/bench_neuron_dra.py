@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -72,10 +72,12 @@ def claim_dict(uid: str, name: str) -> dict[str, Any]:
 
 
 class DictReader:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+    """Claims already decoded (as lightkube returns them), so the local figures leave the API read out."""
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], ResourceClaim] = {}
+
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
         return self.claims.get((namespace, name))
 
 
@@ -96,7 +98,7 @@ def make_driver(root: Path, reader: Any) -> tuple[DraDriver, HostPaths]:
 async def bench_local(root: Path, iterations: int) -> list[float]:
     reader = DictReader()
     driver, _ = make_driver(root, reader)
-    reader.claims[("bench", "c")] = claim_dict("uid-local", "c")
+    reader.claims[("bench", "c")] = msgspec.convert(claim_dict("uid-local", "c"), ResourceClaim)
     ref = ClaimRef("bench", "uid-local", "c")
     times = []
     for _ in range(iterations):

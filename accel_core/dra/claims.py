@@ -3,16 +3,18 @@
 The kubelet names a claim by namespace, name and UID. The claim is read fresh (never from a cache), and it must
 still be the same object (same UID) and be allocated. Only results for this driver in this node's pool count.
 Names are checked (:mod:`accel_core.dra.names`) before a request is made, and lightkube builds the request path
-from the resource type, namespace and name.
+from the resource type, namespace and name. lightkube decodes the answer into its typed ``ResourceClaim`` and
+refuses a body of the wrong shape (a list where an object belongs, a number for a name, a missing required field);
+that is a ClaimError naming the bad field, like every other problem with the claim.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+import msgspec
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -43,8 +45,8 @@ class AllocatedClaim:
 
 
 class ClaimReader(Protocol):
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The claim as a dict, or None when it does not exist."""
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+        """The claim, or None when it does not exist."""
         ...
 
 
@@ -55,56 +57,50 @@ class ApiClaimReader:
         self.client = client
         self.last_seconds = 0.0
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
         problem = object_name_problem(namespace, name)  # never put an unchecked name in a request path
         if problem:
             raise ClaimError(f"invalid claim reference: {problem}")
         start = time.perf_counter()
         try:
-            obj = await self.client.get(ResourceClaim, name, namespace=namespace)
+            return await self.client.get(ResourceClaim, name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
             raise ClaimError(f"reading the claim from the API server failed: HTTP {exc.status.code}: "
                              f"{exc.status.message}") from exc
+        except msgspec.DecodeError as exc:  # not JSON, or not a ResourceClaim (msgspec.ValidationError)
+            raise ClaimError(f"the API server sent a malformed claim: {exc}") from exc
         except Exception as exc:  # transport errors: the kubelet retries the whole call later
             raise ClaimError(f"reading the claim from the API server failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self.last_seconds = time.perf_counter() - start
-        data: dict[str, Any] = obj.to_dict()
-        return data
 
 
-def allocated_for_node(claim: Mapping[str, Any] | None, ref: ClaimRef, *, driver: str, pool: str) -> AllocatedClaim:
+def allocated_for_node(claim: ResourceClaim | None, ref: ClaimRef, *, driver: str, pool: str) -> AllocatedClaim:
     """Check the claim read from the API server against the kubelet's reference and keep this node's results."""
     if claim is None:
         raise ClaimError("the claim does not exist in the API server")
-    uid = (claim.get("metadata") or {}).get("uid")
+    uid = claim.metadata.uid if claim.metadata else None
     if uid != ref.uid:
         raise ClaimError(f"the claim was replaced: the API server has UID {uid}, the kubelet asked for {ref.uid}")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    allocated = claim.status.allocation if claim.status else None
+    if allocated is None:
         raise ClaimError("the claim is not allocated")
-    device_alloc = allocation.get("devices") or {}
-    results = device_alloc.get("results") or []
-    configs = device_alloc.get("config") or []
-    if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results) or \
-            not isinstance(configs, list) or not all(isinstance(c, Mapping) for c in configs):
-        raise ClaimError("the claim's status.allocation.devices is malformed (results/config are not lists of "
-                         "objects)")
+    results = (allocated.devices.results if allocated.devices else None) or []
     mine = []
     for r in results:
-        if r.get("driver") != driver or r.get("pool") != pool:
+        if r.driver != driver or r.pool != pool:
             continue
-        request, device = r.get("request"), r.get("device")
-        if not is_request_name(request):
-            raise ClaimError(f"allocation result request name {shown(request)} is not a DNS label "
+        if not is_request_name(r.request):
+            raise ClaimError(f"allocation result request name {shown(r.request)} is not a DNS label "
                              "(or request/subrequest)")
-        if not is_label(device):
-            raise ClaimError(f"allocation result device name {shown(device)} is not a DNS label")
-        mine.append(AllocatedDevice(str(request).split("/", 1)[0], pool, str(device)))
+        if not is_label(r.device):
+            raise ClaimError(f"allocation result device name {shown(r.device)} is not a DNS label")
+        mine.append(AllocatedDevice(r.request.split("/", 1)[0], pool, r.device))
     if not mine:
-        others = sorted({f"{r.get('driver')}/{r.get('pool')}" for r in results})
+        others = sorted({f"{r.driver}/{r.pool}" for r in results})
         raise ClaimError(f"the allocation has no devices of {driver} in pool {pool} (results: "
                          f"{', '.join(others) or 'none'})")
+    configs = (allocated.devices.config if allocated.devices else None) or []
     return AllocatedClaim(ref, tuple(mine), tuple(OpaqueEntry.from_api(c) for c in configs))

@@ -19,7 +19,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.claims import ClaimReader
 from accel_core.dra.metrics import DriverMetrics
@@ -56,18 +57,18 @@ class CleanedClaim:
     staleness: Staleness
 
 
-def staleness(claim: Mapping[str, Any] | None, uid: str, *, driver: str, pool: str) -> Staleness | None:
+def staleness(claim: ResourceClaim | None, uid: str, *, driver: str, pool: str) -> Staleness | None:
     """Why the entry for ``uid`` is stale given the claim read from the API server, or None when it is live."""
     if claim is None:
         return Staleness(REASON_DELETED, "the claim no longer exists in the API server")
-    api_uid = (claim.get("metadata") or {}).get("uid")
+    api_uid = claim.metadata.uid if claim.metadata else None
     if api_uid != uid:
         return Staleness(REASON_REPLACED, f"the claim was replaced: the API server has UID {api_uid}")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    allocated = claim.status.allocation if claim.status else None
+    if allocated is None:
         return Staleness(REASON_NOT_ALLOCATED, "the claim is no longer allocated")
-    results = (allocation.get("devices") or {}).get("results") or []
-    if not any(r.get("driver") == driver and r.get("pool") == pool for r in results):
+    results = (allocated.devices.results if allocated.devices else None) or []
+    if not any(r.driver == driver and r.pool == pool for r in results):
         return Staleness(REASON_ALLOCATED_ELSEWHERE, f"the allocation has no devices of {driver} in pool {pool}")
     return None
 
@@ -105,12 +106,12 @@ class StaleClaimCleaner:
                                                 Staleness(REASON_INVALID, invalid)))
                 continue
             try:
-                data = await self.reader.read(entry.namespace, entry.name)
+                claim = await self.reader.read(entry.namespace, entry.name)
             except ClaimError as exc:
                 log.warning("stale claim cleanup: cannot read claims, retrying at the next interval",
                             extra=kv(claim=entry.describe(), error=exc))
                 break
-            why = staleness(data, entry.uid, driver=self.driver, pool=self.pool)
+            why = staleness(claim, entry.uid, driver=self.driver, pool=self.pool)
             if why is None:
                 continue
             if await self._unprepare(entry, why):

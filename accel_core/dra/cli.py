@@ -113,8 +113,9 @@ class DriverCli:
         profile = self.profile()
         scan = profile.scan(resolve_paths(args), dra_driver_version())
         devices = tainted(profile.driver_name, scan.devices, scan.health)
-        objects = build_slices(profile.driver_name, args.node_name, devices, node_uid=args.node_uid,
-                               counters=scan.counters)
+        slices = build_slices(profile.driver_name, args.node_name, devices, node_uid=args.node_uid,
+                              counters=scan.counters)
+        objects = [dict(sorted(s.to_dict().items())) for s in slices]  # apiVersion, kind, metadata, spec
         if args.output == "yaml":
             sys.stdout.write(yaml.safe_dump(objects, sort_keys=False))
         else:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from lightkube.models.resource_v1 import DeviceAllocationConfiguration
+
 ConfigT = TypeVar("ConfigT")
 
 
@@ -40,10 +42,10 @@ class OpaqueEntry:
     parameters: Any
 
     @classmethod
-    def from_api(cls, entry: Mapping[str, Any]) -> OpaqueEntry:
-        opaque = entry.get("opaque") or {}
-        return cls(source=str(entry.get("source", "")), requests=tuple(entry.get("requests") or ()),
-                   driver=str(opaque.get("driver", "")), parameters=opaque.get("parameters"))
+    def from_api(cls, entry: DeviceAllocationConfiguration) -> OpaqueEntry:
+        opaque = entry.opaque
+        return cls(source=entry.source, requests=tuple(entry.requests or ()),
+                   driver=opaque.driver if opaque else "", parameters=opaque.parameters if opaque else None)
 
     def applies_to(self, request: str) -> bool:
         if not self.requests:

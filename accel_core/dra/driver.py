@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from lightkube.resources.resource_v1 import ResourceClaim
+
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.dra.claims import ClaimReader, allocated_for_node
 from accel_core.dra.config import ConfigError, configs_for_requests
@@ -185,7 +187,7 @@ class DraDriver:
         self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
         return out
 
-    async def _read(self, claim: ClaimRef) -> Mapping[str, Any] | None:
+    async def _read(self, claim: ClaimRef) -> ResourceClaim | None:
         start = time.perf_counter()
         data = await self.reader.read(claim.namespace, claim.name)
         self.last_read_seconds = time.perf_counter() - start
@@ -219,7 +221,7 @@ class DraDriver:
         self._update_gauges()
         return out
 
-    def _plan(self, claim: ClaimRef, data: Mapping[str, Any] | None) -> PreparedClaim:
+    def _plan(self, claim: ClaimRef, data: ResourceClaim | None) -> PreparedClaim:
         """Which devices and edits each request gets (ClaimError for anything wrong with the claim)."""
         alloc = allocated_for_node(data, claim, driver=self.driver_name, pool=self.node_name)
         try:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
+from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiSpecWriter
@@ -58,7 +58,7 @@ def dra_driver_version() -> str:
 
 
 class _NoApiReader:
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
         raise ClaimError("no API server connection is configured (KUBECONFIG or in-cluster), so claims cannot be read")
 
 

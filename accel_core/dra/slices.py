@@ -31,14 +31,17 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, cast
+from typing import Any
 
 import httpx2
+import msgspec
 from lightkube import ApiError, AsyncClient
 from lightkube.core.exceptions import NotReadyError
+from lightkube.models import resource_v1 as api
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -49,7 +52,6 @@ from accel_core.watch import STOP, TASK, wake
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -108,8 +110,8 @@ class CounterSet:
     name: str
     counters: Mapping[str, int]
 
-    def to_api(self) -> dict[str, Any]:
-        return {"name": self.name, "counters": {c: {"value": quantity(v)} for c, v in sorted(self.counters.items())}}
+    def to_api(self) -> api.CounterSet:
+        return api.CounterSet(name=self.name, counters=_counters(self.counters))
 
 
 @dataclass(frozen=True)
@@ -123,30 +125,28 @@ class SliceDevice:
     consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Shared counters this device uses up while allocated: counter set -> counter -> amount."""
 
-    def to_api(self, *, with_taints: bool = True) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name}
-        if self.attributes:
-            out["attributes"] = {k: _attribute_json(v) for k, v in sorted(self.attributes.items())}
-        if self.capacity:
-            out["capacity"] = {k: {"value": quantity(v)} for k, v in sorted(self.capacity.items())}
-        if self.consumes:
-            out["consumesCounters"] = [
-                {"counterSet": cs, "counters": {c: {"value": quantity(v)} for c, v in sorted(counters.items())}}
-                for cs, counters in sorted(self.consumes.items())]
-        if with_taints and self.taints:
-            out["taints"] = [{"key": t.key, **({"value": t.value} if t.value else {}), "effect": t.effect}
-                             for t in self.taints]
-        return out
+    def to_api(self) -> api.Device:
+        return api.Device(
+            name=self.name,
+            attributes={k: _attribute(v) for k, v in sorted(self.attributes.items())} or None,
+            capacity={k: api.DeviceCapacity(value=quantity(v)) for k, v in sorted(self.capacity.items())} or None,
+            consumesCounters=[api.DeviceCounterConsumption(counterSet=cs, counters=_counters(used))
+                              for cs, used in sorted(self.consumes.items())] or None,
+            taints=[api.DeviceTaint(key=t.key, value=t.value or None, effect=t.effect) for t in self.taints] or None)
 
 
-def _attribute_json(value: AttributeValue) -> dict[str, Any]:
+def _attribute(value: AttributeValue) -> api.DeviceAttribute:
     if isinstance(value, bool):
-        return {"bool": value}
+        return api.DeviceAttribute(bool=value)
     if isinstance(value, int):
-        return {"int": value}
+        return api.DeviceAttribute(int=value)
     if isinstance(value, Version):
-        return {"version": value.value}
-    return {"string": value}
+        return api.DeviceAttribute(version=value.value)
+    return api.DeviceAttribute(string=value)
+
+
+def _counters(counters: Mapping[str, int]) -> dict[str, api.Counter]:
+    return {c: api.Counter(value=quantity(v)) for c, v in sorted(counters.items())}
 
 
 def quantity(value: int | str) -> str:
@@ -282,8 +282,8 @@ def build_slices(
     node_uid: str | None = None,
     pool: str | None = None,
     counters: Sequence[CounterSet] = (),
-) -> list[dict[str, Any]]:
-    """The ResourceSlice objects (as dicts) for one pool; no devices gives no slices.
+) -> list[ResourceSlice]:
+    """The ResourceSlice objects for one pool; no devices gives no slices.
 
     Shared ``counters`` go in a slice of their own, first (a slice holds devices or counters, never both).
     The owner reference to the Node is included when ``node_uid`` is known.
@@ -292,59 +292,50 @@ def build_slices(
         return []
     limited = any(d.taints or d.consumes for d in devices)
     size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
-    chunks: list[dict[str, Any]] = [{"sharedCounters": [c.to_api() for c in counters]}] if counters else []
-    chunks += [{"devices": [d.to_api() for d in devices[i:i + size]]} for i in range(0, len(devices), size)]
-    metadata: dict[str, Any] = {"generateName": f"{node_name}-{driver}-"}
-    if node_uid:
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}]
-    return [{
-        "apiVersion": API_VERSION,
-        "kind": "ResourceSlice",
-        "metadata": dict(metadata),
-        "spec": {
-            "driver": driver,
-            "pool": {"name": pool or node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-            "nodeName": node_name,
-            **chunk,
-        },
-    } for chunk in chunks]
+    parts: list[tuple[list[api.Device] | None, list[api.CounterSet] | None]] = (
+        [(None, [c.to_api() for c in counters])] if counters else [])
+    parts += [([d.to_api() for d in devices[i:i + size]], None) for i in range(0, len(devices), size)]
+    return [ResourceSlice(
+        metadata=ObjectMeta(generateName=f"{node_name}-{driver}-", ownerReferences=[OwnerReference(
+            apiVersion="v1", kind="Node", name=node_name, uid=node_uid, controller=True)] if node_uid else None),
+        spec=api.ResourceSliceSpec(
+            driver=driver, nodeName=node_name, devices=chunk, sharedCounters=shared,
+            pool=api.ResourcePool(name=pool or node_name, generation=generation, resourceSliceCount=len(parts))),
+    ) for chunk, shared in parts]
 
 
-def _canonical_quantity(value: Any) -> str:
-    text = value.get("value") if isinstance(value, dict) else value
-    try:
-        return str(quantity_value(str(text)).normalize())
-    except ValueError:
-        return str(text)
+def _quantities(values: Mapping[str, Any] | None) -> dict[str, str]:
+    """A capacity or counter map as normalized numbers. Its values are models when we built them and plain
+    objects when lightkube decoded them (it types these maps as ``dict``); to_builtins makes both plain."""
+    out = {}
+    for key, value in msgspec.to_builtins(values or {}).items():
+        text = str(value.get("value") if isinstance(value, dict) else value)
+        try:
+            out[key] = str(quantity_value(text).normalize())
+        except ValueError:
+            out[key] = text
+    return out
 
 
-def spec_key(spec: Mapping[str, Any]) -> str:
+def spec_key(spec: api.ResourceSliceSpec) -> str:
     """A canonical fingerprint of a slice spec, ignoring the pool generation, taint timestamps and quantity
     spelling (``96Gi`` equals ``103079215104``), so a slice read back compares equal to the one sent."""
-    devices = []
-    for d in spec.get("devices") or []:
-        taints = sorted((t.get("key", ""), t.get("value") or "", t.get("effect", "")) for t in d.get("taints") or [])
-        devices.append({
-            "name": d.get("name"),
-            "attributes": {k: v for k, v in sorted((d.get("attributes") or {}).items())},
-            "capacity": {k: _canonical_quantity(v) for k, v in sorted((d.get("capacity") or {}).items())},
-            "taints": taints,
-            "consumes": {c.get("counterSet"): {k: _canonical_quantity(v) for k, v in (c.get("counters") or {}).items()}
-                         for c in d.get("consumesCounters") or []},
-        })
-    devices.sort(key=lambda x: str(x["name"]))
-    counters = {c.get("name"): {k: _canonical_quantity(v) for k, v in (c.get("counters") or {}).items()}
-                for c in spec.get("sharedCounters") or []}
-    pool = spec.get("pool") or {}
+    devices = sorted(({
+        "name": d.name,
+        "attributes": msgspec.to_builtins(d.attributes or {}),
+        "capacity": _quantities(d.capacity),
+        "taints": sorted((t.key, t.value or "", t.effect) for t in d.taints or []),
+        "consumes": {c.counterSet: _quantities(c.counters) for c in d.consumesCounters or []},
+    } for d in spec.devices or []), key=lambda x: x["name"])
     return json.dumps({
-        "driver": spec.get("driver"), "pool": pool.get("name"), "count": pool.get("resourceSliceCount"),
-        "nodeName": spec.get("nodeName"), "devices": devices, "counters": counters,
+        "driver": spec.driver, "pool": spec.pool.name, "count": spec.pool.resourceSliceCount,
+        "nodeName": spec.nodeName, "devices": devices,
+        "counters": {c.name: _quantities(c.counters) for c in spec.sharedCounters or []},
     }, sort_keys=True)
 
 
-def _has_taints(spec: Mapping[str, Any]) -> bool:
-    return any(d.get("taints") for d in spec.get("devices") or [])
+def _has_taints(spec: api.ResourceSliceSpec) -> bool:
+    return any(d.taints for d in spec.devices or [])
 
 
 def _rv_newer(new: str | None, old: str | None) -> bool:
@@ -401,7 +392,7 @@ class SlicePublisher:
         self._desired: list[SliceDevice] | None = None
         self._counters: list[CounterSet] = []
         self._node_uid: str | None = None
-        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, ResourceSlice] = {}
         self._accepted: dict[str, str] = {}  # server's version of a spec -> the spec we sent
         self._wake = asyncio.Event()
         self._failures = 0
@@ -426,10 +417,6 @@ class SlicePublisher:
         self._counters = list(counters)
         self.published.clear()
         self._wake.set()
-
-    def current_slices(self) -> list[dict[str, Any]]:
-        """The slices the server held at the last sync (a copy of the publisher's view)."""
-        return [json.loads(json.dumps(o)) for o in self._cache.values()]
 
     # -- loop ------------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -465,8 +452,7 @@ class SlicePublisher:
             node = await self.client.get(Node, self.node_name)
             self._node_uid = node.metadata.uid if node.metadata else None
         listing = self.client.list(ResourceSlice, fields=self.fields)
-        items = [obj.to_dict() async for obj in listing]
-        self._cache = {o["metadata"]["name"]: o for o in items}
+        self._cache = {_meta(obj).name or "": obj async for obj in listing}
         try:
             resource_version: str | None = listing.resourceVersion
         except NotReadyError:
@@ -497,15 +483,14 @@ class SlicePublisher:
     async def _watch(self, resource_version: str | None) -> None:
         async for event, obj in self.client.watch(ResourceSlice, fields=self.fields,
                                                   resource_version=resource_version):
-            data = obj.to_dict()
-            name = data.get("metadata", {}).get("name")
+            name = _meta(obj).name
             if not name:
                 continue
+            cached = self._cache.get(name)
             if event == "DELETED":
                 self._cache.pop(name, None)
-            elif _rv_newer(data["metadata"].get("resourceVersion"),
-                           self._cache.get(name, {}).get("metadata", {}).get("resourceVersion")):
-                self._cache[name] = data
+            elif cached is None or _rv_newer(_meta(obj).resourceVersion, _meta(cached).resourceVersion):
+                self._cache[name] = obj
             self._wake.set()
 
     # -- reconcile ---------------------------------------------------------------------------------------------
@@ -513,23 +498,21 @@ class SlicePublisher:
         assert self._desired is not None
         return self._desired if self.taints_supported is not False else without_taints(self._desired)
 
-    def _in_sync(self, wanted: list[dict[str, Any]]) -> bool:
+    def _in_sync(self, wanted: list[ResourceSlice]) -> bool:
         current = list(self._cache.values())
         if len(current) != len(wanted):
             return False
-        generations = {o["spec"]["pool"].get("generation", 0) for o in current}
-        if len(generations) > 1:
+        if len({o.spec.pool.generation for o in current}) > 1:
             return False
-        have = collections.Counter(self._accepted.get(k, k) for k in (spec_key(o["spec"]) for o in current))
-        return have == collections.Counter(spec_key(w["spec"]) for w in wanted)
+        have = collections.Counter(self._accepted.get(k, k) for k in (spec_key(o.spec) for o in current))
+        return have == collections.Counter(spec_key(w.spec) for w in wanted)
 
     async def _reconcile(self) -> None:
         if self._desired is None:
             return  # the driver has not said what it has yet: never publish a partial pool
         devices = self._wanted_devices()
         wanted = build_slices(self.driver, self.node_name, devices, node_uid=self._node_uid, counters=self._counters)
-        self._generation = max([self._generation, *(o["spec"]["pool"].get("generation", 0)
-                                                    for o in self._cache.values())])
+        self._generation = max([self._generation, *(o.spec.pool.generation for o in self._cache.values())])
         if not self._in_sync(wanted):
             await self._write(wanted)
         self.metrics.slices.labels(self.driver).set(len(self._cache))
@@ -537,25 +520,24 @@ class SlicePublisher:
         self.metrics.generation.labels(self.driver).set(self._generation)
         self.published.set()
 
-    async def _write(self, wanted: list[dict[str, Any]]) -> None:
+    async def _write(self, wanted: list[ResourceSlice]) -> None:
         generation = self._generation + 1
-        existing = sorted(self._cache.values(), key=lambda o: str(o["metadata"]["name"]))
+        existing = sorted(self._cache.values(), key=lambda o: _meta(o).name or "")
         for i, obj in enumerate(wanted):
-            obj["spec"]["pool"]["generation"] = generation
+            obj.spec.pool.generation = generation
             if i < len(existing):
-                old = existing[i]["metadata"]
-                obj["metadata"] = {**obj["metadata"], "name": old["name"], "resourceVersion": old["resourceVersion"]}
-                obj["metadata"].pop("generateName", None)
-                result = await self.client.replace(_typed(obj))
+                old = _meta(existing[i])
+                obj.metadata = msgspec.structs.replace(_meta(obj), name=old.name, resourceVersion=old.resourceVersion,
+                                                       generateName=None)
+                result = await self.client.replace(obj)
                 self._count("update")
             else:
-                result = await self.client.create(_typed(obj))
+                result = await self.client.create(obj)
                 self._count("create")
-            got = result.to_dict()
-            self._cache[got["metadata"]["name"]] = got
-            self._check_dropped(obj["spec"], got["spec"])
+            self._cache[_meta(result).name or ""] = result
+            self._check_dropped(obj.spec, result.spec)
         for old_obj in existing[len(wanted):]:
-            name = old_obj["metadata"]["name"]
+            name = _meta(old_obj).name or ""
             with contextlib.suppress(ApiError):  # already gone is fine
                 await self.client.delete(ResourceSlice, name)
             self._count("delete")
@@ -563,9 +545,9 @@ class SlicePublisher:
         self._generation = generation
         log.info("ResourceSlices published", extra=kv(
             driver=self.driver, node=self.node_name, generation=generation, slices=len(wanted),
-            devices=sum(len(o["spec"].get("devices") or ()) for o in wanted)))
+            devices=sum(len(o.spec.devices or ()) for o in wanted)))
 
-    def _check_dropped(self, sent: dict[str, Any], got: dict[str, Any]) -> None:
+    def _check_dropped(self, sent: api.ResourceSliceSpec, got: api.ResourceSliceSpec) -> None:
         sent_key, got_key = spec_key(sent), spec_key(got)
         if sent_key == got_key:
             if _has_taints(sent):
@@ -580,7 +562,7 @@ class SlicePublisher:
             return
         if got_key not in self._accepted:
             log.warning("the API server changed the ResourceSlice we wrote (fields dropped?); accepting its version",
-                        extra=kv(driver=self.driver, slice=got.get("pool", {}).get("name")))
+                        extra=kv(driver=self.driver, slice=got.pool.name))
         self._accepted[got_key] = sent_key
 
     def _count(self, operation: str) -> None:
@@ -601,8 +583,8 @@ class SlicePublisher:
         return len(names)
 
 
-def _typed(obj: dict[str, Any]) -> ResourceSlice:
-    return cast(ResourceSlice, ResourceSlice.from_dict(obj))
+def _meta(obj: ResourceSlice) -> ObjectMeta:
+    return obj.metadata or ObjectMeta()
 
 
 def _is_conflict(exc: BaseException) -> bool:
@@ -627,7 +609,3 @@ def _describe(exc: BaseException) -> str:
         return f"HTTP {exc.status.code}: {exc.status.message}"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
-
-def device_names(slices: Iterable[Mapping[str, Any]]) -> list[str]:
-    """All device names in some slices (for tests and logs)."""
-    return sorted(d["name"] for s in slices for d in (s.get("spec", {}).get("devices") or []))

@@ -35,7 +35,7 @@ from efa_plugin import DRA_DRIVER_NAME, SOCKET_NAME
 from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
 from efa_plugin.health import SeenDevices, device_health, present
 
-API_VERSION = "efa.aws.com/v1"
+API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "EfaConfig"
 RDMA_CM = f"{DEV_IB}/rdma_cm"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

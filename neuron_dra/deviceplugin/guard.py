@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 
 from accel_core.paths import HostPaths
-
-DRA_DRIVER_NAME = "neuron.aws.com"
+from neuron_dra import DRA_DRIVER_NAME
 
 
 def dra_registration_sockets(paths: HostPaths) -> list[str]:

@@ -24,12 +24,12 @@ from accel_core.dra.profile import tainted, unhealthy_taint_key
 from accel_core.dra.slices import AttributeValue, SliceDevice, Version
 from accel_core.health import DeviceHealth
 from accel_core.hostfiles import parse_index
+from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 
-DRIVER_NAME = "neuron.aws.com"
 DEVICE_PREFIX = "neuron-device-"
 RESOURCE_TYPE = "neuron_device"
-UNHEALTHY_TAINT_KEY = unhealthy_taint_key(DRIVER_NAME)
+UNHEALTHY_TAINT_KEY = unhealthy_taint_key(DRA_DRIVER_NAME)
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
@@ -89,4 +89,4 @@ def slice_devices(
     """The pool's devices in index order; unhealthy ones (per ``health``) carry the core's unhealthy taint."""
     devices = [SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version), device_capacity(dev))
                for dev in inv.devices]
-    return tainted(DRIVER_NAME, devices, {device_name(i): h for i, h in (health or {}).items()})
+    return tainted(DRA_DRIVER_NAME, devices, {device_name(i): h for i, h in (health or {}).items()})

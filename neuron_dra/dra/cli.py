@@ -7,11 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from accel_core.dra.cli import DriverCli
+from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.dra.profile import NeuronProfile
 
 METRICS_PORT = 9812
 
-CLI = DriverCli(prog="neuron-dra-driver", description="the Neuron DRA kubelet plugin for neuron.aws.com",
+CLI = DriverCli(prog="neuron-dra-driver", description=f"the Neuron DRA kubelet plugin for {DRA_DRIVER_NAME}",
                 metrics_port=METRICS_PORT, profile=NeuronProfile)
 
 

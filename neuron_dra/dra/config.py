@@ -29,9 +29,9 @@ from typing import Any
 from accel_core.awsfacts.ultraserver import SET_SIZES
 from accel_core.dra.config import ConfigError, OpaqueEntry, check_fields, check_type, parameters_object
 from accel_core.dra.config import configs_for_requests as _configs_for_requests
+from neuron_dra import DRA_DRIVER_NAME
 
-DRIVER_NAME = "neuron.aws.com"
-API_VERSION = "neuron.aws.com/v1"
+API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "NeuronConfig"
 ULTRASERVER_KIND = "UltraServerConfig"
 LNC_VALUES = (1, 2)
@@ -72,5 +72,5 @@ def decode_parameters(raw: Any, where: str) -> NeuronConfig:
 
 def configs_for_requests(entries: Sequence[OpaqueEntry], requests: Sequence[str]) -> dict[str, NeuronConfig]:
     """The effective NeuronConfig per request name (see :func:`accel_core.dra.config.configs_for_requests`)."""
-    return _configs_for_requests(entries, requests, driver=DRIVER_NAME, decode=decode_parameters,
+    return _configs_for_requests(entries, requests, driver=DRA_DRIVER_NAME, decode=decode_parameters,
                                  default=NeuronConfig())

@@ -28,9 +28,10 @@ from accel_core.dra.slices import CounterSet
 from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
+from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
 from neuron_dra.dra import ultraserver as us_dra
-from neuron_dra.dra.attributes import DRIVER_NAME, device_index, device_name, slice_devices
+from neuron_dra.dra.attributes import device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.dra.guard import blocked_reason
 from neuron_dra.health import assess
@@ -40,7 +41,7 @@ from neuron_dra.runtime_env import LNC_ENV, VISIBLE_CORES_ENV, format_core_list,
 class NeuronProfile:
     """:class:`~accel_core.dra.profile.DraProfile` for Neuron devices. Keeps the devices it has seen."""
 
-    driver_name: str = DRIVER_NAME
+    driver_name: str = DRA_DRIVER_NAME
     metrics_prefix: str = "neuron_dra"
     udev_subsystems: tuple[str, ...] = ("neuron_device",)
     default_config: NeuronConfig = NeuronConfig()

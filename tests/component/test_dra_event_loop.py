@@ -9,13 +9,14 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
+import msgspec
 import pytest
 from hostcache import copy_host
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
@@ -36,10 +37,11 @@ class Reader:
     def __init__(self, driver: str, device: str) -> None:
         self.driver, self.device = driver, device
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return {"metadata": {"namespace": namespace, "name": name, "uid": "u-1"},
-                "status": {"allocation": {"devices": {"results": [
-                    {"request": "r", "driver": self.driver, "pool": NODE, "device": self.device}]}}}}
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+        return msgspec.convert({"metadata": {"namespace": namespace, "name": name, "uid": "u-1"},
+                                "status": {"allocation": {"devices": {"results": [
+                                    {"request": "r", "driver": self.driver, "pool": NODE, "device": self.device}]}}}},
+                               ResourceClaim)
 
 
 async def liveness(port: int) -> tuple[int, float]:

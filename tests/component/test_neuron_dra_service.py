@@ -8,13 +8,15 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import msgspec
 from cdi_schema import assert_valid_cdi_spec
 from hostcache import copy_host
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
@@ -32,8 +34,9 @@ class Reader:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self.claims.get((namespace, name))
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+        found = self.claims.get((namespace, name))
+        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
 
     def allocate(self, uid: str, name: str, indices: list[int], config: dict[str, Any] | None = None) -> None:
         self.claims[("ns", name)] = {

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig, codecs
+from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
@@ -288,7 +289,8 @@ def test_trn2_seed_templates_allocate_prepare_and_clean_up(
         "apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
     assert published["spec"]["pool"]["name"] == node and published["spec"]["pool"]["resourceSliceCount"] == 1
     [printed] = driver.slices_cli()
-    assert spec_key(printed["spec"]) == spec_key(published["spec"])
+    assert spec_key(ResourceSliceSpec.from_dict(printed["spec"])) == spec_key(
+        ResourceSliceSpec.from_dict(published["spec"]))
     dev5 = next(d for d in published["spec"]["devices"] if d["name"] == "neuron-device-5")
     assert dev5["attributes"]["topology_x"] == {"int": 1} and dev5["attributes"]["topology_y"] == {"int": 1}
     assert dev5["attributes"]["resource.aws.com/devicegroup1_id"] == {"string": "0000:57:00.0"}

@@ -8,14 +8,19 @@ checkpoint, an unprepare must be able to clear it so no device stays reserved fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hostcache import copy_host
 from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
@@ -48,9 +53,10 @@ class RecordingReader:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.asked: list[tuple[str, str]] = []
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
         self.asked.append((namespace, name))
-        return self.claims.get((namespace, name))
+        found = self.claims.get((namespace, name))
+        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
 
 
 class Rig:
@@ -139,7 +145,6 @@ def test_the_api_reader_refuses_unchecked_names_without_a_request() -> None:
     ({"request": "r/../../x", "device": "neuron-device-0"}, "request name 'r/../../x' is not a DNS label"),
     ({"request": "r", "device": "../../../etc/passwd"}, "device name '../../../etc/passwd' is not a DNS label"),
     ({"request": "r", "device": "neuron-device-0\n"}, "device name 'neuron-device-0\\n' is not a DNS label"),
-    ({"request": 7, "device": "neuron-device-0"}, "request name '7' is not"),
 ])
 def test_hostile_allocation_results_record_nothing(rig: Rig, result: dict[str, Any], message: str) -> None:
     data = claim("ns", "c", "u-1", [])
@@ -150,12 +155,68 @@ def test_hostile_allocation_results_record_nothing(rig: Rig, result: dict[str, A
     assert rig.store.claims() == [] and not rig.paths.cdi_root.exists()
 
 
-def test_malformed_allocation_is_a_claim_error(rig: Rig) -> None:
-    data = claim("ns", "c", "u-1", [0])
-    data["status"]["allocation"]["devices"]["results"] = "not a list"
-    rig.reader.claims[("ns", "c")] = data
-    _, error = rig.prepare(ClaimRef("ns", "u-1", "c"))["u-1"]
-    assert "status.allocation.devices is malformed" in error and "internal error" not in error
+@contextlib.contextmanager
+def api_server_sending(body: bytes) -> Iterator[KubeConfig]:
+    """Plain HTTP that answers every request with ``body``: a stand-in for an API server (or something in front
+    of it) sending a claim of the wrong shape, which a real API server cannot store."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the http.server hook name)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield KubeConfig.from_dict({
+            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def allocation(devices: dict[str, Any]) -> bytes:
+    return json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                       "metadata": {"namespace": "ns", "name": "c", "uid": "u-1"},
+                       "status": {"allocation": {"devices": devices}}}).encode()
+
+
+GOOD = {"request": "r", "driver": DRIVER, "pool": NODE, "device": "neuron-device-0"}
+MALFORMED = [  # the path is where the ResourceClaim schema (resource.k8s.io/v1) puts the broken field
+    (allocation({"results": "not a list"}), "$.status.allocation.devices.results"),
+    (allocation({"results": [{**GOOD, "request": 7}]}), "$.status.allocation.devices.results[0].request"),
+    (allocation({"results": [{k: v for k, v in GOOD.items() if k != "device"}]}), "field `device`"),
+    (allocation({"results": [GOOD], "config": [{"source": "FromClaim", "opaque": {
+        "driver": DRIVER, "parameters": "{}"}}]}), "$.status.allocation.devices.config[0].opaque.parameters"),
+    (b'{"metadata": {"uid": "u-1"}, "status": {"allocation": {', ""),  # cut off: not JSON
+]
+
+
+@pytest.mark.parametrize(("body", "where"), MALFORMED)
+def test_a_malformed_claim_from_the_api_server_is_a_claim_error(rig: Rig, body: bytes, where: str) -> None:
+    async def prepare(config: KubeConfig) -> dict[str, tuple[list[Any], str]]:
+        client = AsyncClient(config)
+        try:
+            driver = DraDriver(NeuronProfile(), node_name=NODE, reader=ApiClaimReader(client), cdi=rig.cdi,
+                               store=rig.store, inventory=lambda: rig.inventory)
+            return await DraPlugin(driver, rig.paths).prepare_claims([ClaimRef("ns", "u-1", "c")])
+        finally:
+            await client.close()
+
+    with api_server_sending(body) as config:
+        devices, error = asyncio.run(prepare(config))["u-1"]
+    assert devices == [] and "the API server sent a malformed claim" in error and where in error
+    assert "ns/c" in error and "internal error" not in error
+    assert rig.store.claims() == [] and not rig.paths.cdi_root.exists()
 
 
 def poison(rig: Rig, uid: str, name: str, device: int) -> None:

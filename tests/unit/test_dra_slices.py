@@ -14,6 +14,7 @@ import httpx2
 import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
+from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 from waits import until
@@ -191,25 +192,44 @@ def run_with(api: FakeApi, scenario: Callable[[SlicePublisher, FakeApi], Awaitab
 # -- pure parts -----------------------------------------------------------------------------------------------------
 def test_build_splits_large_pools_and_smaller_with_taints() -> None:
     plain = build_slices(DRIVER, NODE, devices(200), node_uid="u1")
-    assert [len(s["spec"]["devices"]) for s in plain] == [128, 72]
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in plain} == {2}
-    assert plain[0]["metadata"]["ownerReferences"] == [
+    assert [len(s.spec.devices or ()) for s in plain] == [128, 72]
+    assert {s.spec.pool.resourceSliceCount for s in plain} == {2}
+    assert plain[0].to_dict()["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u1", "controller": True}]
-    assert plain[0]["metadata"]["generateName"] == f"{NODE}-{DRIVER}-"
+    assert plain[0].to_dict()["metadata"]["generateName"] == f"{NODE}-{DRIVER}-"
     tainted = build_slices(DRIVER, NODE, devices(200, tainted=(7,)))
-    assert [len(s["spec"]["devices"]) for s in tainted] == [64, 64, 64, 8]
-    assert "ownerReferences" not in tainted[0]["metadata"]
+    assert [len(s.spec.devices or ()) for s in tainted] == [64, 64, 64, 8]
+    assert "ownerReferences" not in tainted[0].to_dict()["metadata"]
     assert build_slices(DRIVER, NODE, []) == []
+
+
+def test_built_slices_are_the_api_json() -> None:
+    [obj] = build_slices(DRIVER, NODE, devices(1, tainted=(0,)), node_uid="u1")
+    assert obj.to_dict() == {  # written out from the resource.k8s.io/v1 ResourceSlice reference
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{NODE}-{DRIVER}-", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u1", "controller": True}]},
+        "spec": {"driver": DRIVER, "nodeName": NODE,
+                 "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "dev-0",
+                              "attributes": {"index": {"int": 0}, "model": {"string": "toy"}},
+                              "capacity": {"memory": {"value": "96Gi"}},
+                              "taints": [{"key": "toy.example.com/unhealthy", "value": "Broken",
+                                          "effect": "NoSchedule"}]}]}}
 
 
 def test_quantities_and_spec_key_ignore_spelling_and_taint_time() -> None:
     assert quantity(96 * 2**30) == "96Gi" and quantity(8) == "8" and quantity(1000) == "1000"
-    spec = build_slices(DRIVER, NODE, devices(1, tainted=(0,)))[0]["spec"]
-    server = {**spec, "pool": {**spec["pool"], "generation": 9},
-              "devices": [{**spec["devices"][0], "capacity": {"memory": {"value": str(96 * 2**30)}},
-                           "taints": [{**spec["devices"][0]["taints"][0], "timeAdded": "2026-01-01T00:00:00Z"}]}]}
+    spec = build_slices(DRIVER, NODE, devices(1, tainted=(0,)))[0].spec
+    sent = spec.to_dict()
+    # what an API server sends back: another generation, the capacity spelled out, a taint time added
+    server = ResourceSliceSpec.from_dict({**sent, "pool": {**sent["pool"], "generation": 9}, "devices": [
+        {**sent["devices"][0], "capacity": {"memory": {"value": str(96 * 2**30)}},
+         "taints": [{**sent["devices"][0]["taints"][0], "timeAdded": "2026-01-01T00:00:00Z"}]}]})
     assert spec_key(server) == spec_key(spec)
-    assert spec_key({**spec, "nodeName": "other"}) != spec_key(spec)
+    assert spec_key(ResourceSliceSpec.from_dict({**sent, "nodeName": "other"})) != spec_key(spec)
+    assert spec_key(ResourceSliceSpec.from_dict({**sent, "devices": [
+        {**sent["devices"][0], "capacity": {"memory": {"value": "95Gi"}}}]})) != spec_key(spec)
 
 
 def test_without_taints_leaves_tainted_devices_out() -> None:

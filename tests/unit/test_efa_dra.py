@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from cdi_schema import assert_valid_cdi_spec
 from hostcache import copy_host
+from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.awsfacts import catalog
 from accel_core.dra.cdi import CdiSpecWriter
@@ -188,8 +189,9 @@ class Reader:
                 if config else []}}}}
         return ClaimRef("ns", uid, f"c-{uid}")
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self.claims.get((namespace, name))
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+        found = self.claims.get((namespace, name))
+        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
 
 
 def make_driver(paths: HostPaths, reader: Reader) -> tuple[DraDriver, CdiSpecWriter]:

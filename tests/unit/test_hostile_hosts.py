@@ -329,7 +329,7 @@ def check_neuron(base: Pristine, root: Path, muts: list[Mutation]) -> None:
         exposition(NeuronMetrics(node).produce)
         devices = slice_devices(inv, "0.1.0", assess(inv))
         validate_devices(devices)  # a host file never makes the pool unpublishable
-        json.dumps(build_slices("neuron.aws.com", "node-1", devices))
+        json.dumps([s.to_dict() for s in build_slices("neuron.aws.com", "node-1", devices)])
         discover_efa(paths)  # the EFA plugin runs on Trainium nodes too
     report = json.loads(run_cli(neuron_cli.main, ["ls", "--host-root", str(root), "--output", "json"]))
     assert report["resources"]["aws.amazon.com/neuron"] == len(inv.devices)

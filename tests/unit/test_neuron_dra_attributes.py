@@ -112,7 +112,8 @@ def test_every_catalog_type_publishes_valid_devices(tmp_path: Path, instance_typ
         assert has_groups == spec.efa_mapping_library
         assert ("topology_x" in dev.attributes) == (spec.topology == "torus4x4")
     slices = build_slices("neuron.aws.com", "n1", devices)
-    assert len(slices) == 1 and slices[0]["spec"]["pool"] == {"name": "n1", "generation": 1, "resourceSliceCount": 1}
+    assert len(slices) == 1 and slices[0].to_dict()["spec"]["pool"] == {
+        "name": "n1", "generation": 1, "resourceSliceCount": 1}
 
 
 def test_trn2_torus_rows_and_pci(tmp_path: Path) -> None:

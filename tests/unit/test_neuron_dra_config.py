@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from lightkube.models.resource_v1 import DeviceAllocationConfiguration, OpaqueDeviceConfiguration
 
 from neuron_dra.dra.config import ConfigError, NeuronConfig, OpaqueEntry, configs_for_requests, decode_parameters
 
@@ -12,8 +13,8 @@ GOOD = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuro
 
 
 def entry(source: str, params: Any, requests: tuple[str, ...] = (), driver: str = "neuron.aws.com") -> OpaqueEntry:
-    return OpaqueEntry.from_api({"source": source, "requests": list(requests),
-                                 "opaque": {"driver": driver, "parameters": params}})
+    return OpaqueEntry.from_api(DeviceAllocationConfiguration(
+        source=source, requests=list(requests), opaque=OpaqueDeviceConfiguration(driver=driver, parameters=params)))
 
 
 def test_good_config() -> None:

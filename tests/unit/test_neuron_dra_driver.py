@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from cdi_schema import assert_valid_cdi_spec
 from hostcache import copy_host
+from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
@@ -55,9 +56,10 @@ class FakeReader:
         self.claims[(meta["namespace"], meta["name"])] = claim
         return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
 
-    async def read(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
         self.reads += 1
-        return self.claims.get((namespace, name))
+        found = self.claims.get((namespace, name))
+        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
 
 
 class Rig:
@@ -349,7 +351,7 @@ def test_cleanup_keeps_everything_when_the_api_server_fails(
         rig.prepare(ref)
     rig.reader.claims.clear()  # even claims that look deleted are kept while the server cannot be read
 
-    async def unavailable(namespace: str, name: str) -> Mapping[str, Any] | None:
+    async def unavailable(namespace: str, name: str) -> ResourceClaim | None:
         raise ClaimError("reading the claim from the API server failed: HTTP 503: unavailable")
 
     monkeypatch.setattr(rig.reader, "read", unavailable)

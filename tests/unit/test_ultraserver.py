@@ -153,14 +153,16 @@ def test_counters_go_in_their_own_slice() -> None:
     devices = [SliceDevice("a", consumes={"neuron-chips": {"chips": 1}}),
                SliceDevice("b", consumes={"neuron-chips": {"chips": 2}})]
     slices = build_slices("neuron.aws.com", "n", devices, counters=[chips])
-    assert [sorted(s["spec"]) for s in slices] == [["driver", "nodeName", "pool", "sharedCounters"],
-                                                   ["devices", "driver", "nodeName", "pool"]]
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
-    assert slices[1]["spec"]["devices"][1]["consumesCounters"] == [
+    specs = [s.to_dict()["spec"] for s in slices]
+    assert [sorted(s) for s in specs] == [["driver", "nodeName", "pool", "sharedCounters"],
+                                          ["devices", "driver", "nodeName", "pool"]]
+    assert {s["pool"]["resourceSliceCount"] for s in specs} == {2}
+    assert specs[0]["sharedCounters"] == [{"name": "neuron-chips", "counters": {"chips": {"value": "2"}}}]
+    assert specs[1]["devices"][1]["consumesCounters"] == [
         {"counterSet": "neuron-chips", "counters": {"chips": {"value": "2"}}}]
     # a changed counter changes the fingerprint the publisher compares
     other = build_slices("neuron.aws.com", "n", devices, counters=[CounterSet("neuron-chips", {"chips": 3})])
-    assert spec_key(other[0]["spec"]) != spec_key(slices[0]["spec"])
+    assert spec_key(other[0].spec) != spec_key(slices[0].spec)
 
 
 def test_consuming_an_unknown_counter_is_refused() -> None:
