@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Sequence
 
 from accel_core.cli import (
@@ -120,3 +121,7 @@ async def serve_registering_first(paths: HostPaths, options: ServeOptions, stop:
     from neuron_dra.deviceplugin.daemon import serve
 
     await serve(paths, options, stop, servers=servers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
