@@ -1,18 +1,19 @@
-"""A small asyncio HTTP/1.1 server for JSON endpoints: bounded heads and bodies, keep-alive, clear 4xx answers.
+"""The extender's HTTP endpoint on aiohttp: JSON verbs in, ``(status, body, content type)`` out.
 
-Handlers get ``(method, path, query, body)`` and return ``(status, body, content type)``. A request that is not
-well-formed HTTP gets 400, an unknown path 404, a body over ``max_body`` 413, a missing Content-Length on POST 411;
-none of them ends the server, and a handler that raises gets a 500 with the error logged.
+aiohttp parses HTTP/1.1 (keep-alive, chunked bodies, bounded request lines and headers, a 400 for anything
+malformed); this module adds what the extender promises on top: a body over ``max_body`` gets 413 before any of it
+is read, a POST without a length 411, a handler that raises a logged 500, and none of them ends the server.
+Handlers get ``(method, path, query, body)`` and return ``(status, body, content type)``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from http import HTTPStatus
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
+from urllib.parse import parse_qs
+
+from aiohttp import web
 
 from accel_core.logs import kv
 
@@ -21,9 +22,21 @@ log = logging.getLogger(__name__)
 Response = tuple[int, bytes, str]
 Handler = Callable[[str, str, dict[str, list[str]], bytes], Awaitable[Response]]
 
-MAX_HEAD = 16384
+#: longest request line and header line accepted (aiohttp answers 400 beyond)
+MAX_LINE = 16384
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
+
+
+class _OneLineErrors(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp logs every malformed request with a traceback at ERROR; a hostile client could fill the log. Our
+    handler errors are logged by :meth:`HttpServer._dispatch`, so what reaches here is the client's fault: one
+    WARNING line naming it."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        reason = exc_info if isinstance(exc_info, BaseException) else None
+        self.warning("bad HTTP request", extra=kv(detail=str(msg) % args if args else str(msg),
+                                                   error=" ".join(repr(reason).split())[:200]))
 
 
 class HttpServer:
@@ -34,90 +47,49 @@ class HttpServer:
         self.port = port
         self.max_body = max_body
         self.request_timeout = request_timeout
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, self.address, self.port, limit=MAX_HEAD)
-        self.port = self._server.sockets[0].getsockname()[1]
+        """Listen; returns the bound port (useful with port 0)."""
+        app = web.Application(client_max_size=self.max_body,
+                              handler_args={"max_line_size": MAX_LINE, "max_field_size": MAX_LINE})
+        app.router.add_route("*", "/{path:.*}", self._dispatch)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.request_timeout, lingering_time=0.5,
+                                     logger=_OneLineErrors(log, {}))
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.address, self.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _dispatch(self, request: web.Request) -> web.Response:
+        length = request.content_length
+        chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+        if length is not None and length > self.max_body:
+            return _text(413, f"body over {self.max_body} bytes\n", close=True)  # answered before reading it
+        if request.method == "POST" and length is None and not chunked:
+            return _text(411, "POST needs Content-Length (or a chunked body)\n")
         try:
-            while True:
-                try:
-                    keep = await asyncio.wait_for(self._one(reader, writer), self.request_timeout)
-                except TimeoutError:
-                    break
-                if not keep:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _text(413, f"body over {self.max_body} bytes\n", close=True)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.LimitOverrunError:
-            await _send(writer, 431, b"request head too large\n", TEXT, False)
-            return False
-        except asyncio.IncompleteReadError:
-            return False
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await _send(writer, 400, b"malformed request line\n", TEXT, False)
-            return False
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if line:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    await _send(writer, 400, b"malformed header line\n", TEXT, False)
-                    return False
-                headers[name.strip().lower()] = value.strip()
-        keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
-        body = b""
-        if "transfer-encoding" in headers:
-            await _send(writer, 411, b"chunked bodies are not accepted; send Content-Length\n", TEXT, False)
-            return False
-        length_text = headers.get("content-length")
-        if length_text is not None:
-            if not length_text.isdigit():
-                await _send(writer, 400, b"bad Content-Length\n", TEXT, False)
-                return False
-            length = int(length_text)
-            if length > self.max_body:
-                await _send(writer, 413, f"body over {self.max_body} bytes\n".encode(), TEXT, False)
-                return False
-            body = await reader.readexactly(length)
-        elif method == "POST":
-            await _send(writer, 411, b"POST needs Content-Length\n", TEXT, False)
-            return False
-        url = urlsplit(target)
-        try:
-            status, payload, ctype = await self.handler(method, url.path, parse_qs(url.query), body)
+            status, payload, ctype = await self.handler(request.method, request.path,
+                                                        parse_qs(request.query_string), body)
         except Exception as exc:  # a handler bug must not end the server
-            log.exception("request handler failed", extra=kv(path=url.path[:80], error=repr(exc)[:200]))
-            status, payload, ctype = 500, f"internal error: {exc!r}"[:500].encode() + b"\n", TEXT
-        await _send(writer, status, payload if method != "HEAD" else b"", ctype, keep, len(payload))
-        return keep
+            log.exception("request handler failed", extra=kv(path=request.path[:80], error=repr(exc)[:200]))
+            return _text(500, f"internal error: {exc!r}"[:500] + "\n")
+        return web.Response(status=status, body=payload, headers={"Content-Type": ctype})
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str, keep: bool,
-                length: int | None = None) -> None:
-    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Status"
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body) if length is None else length}\r\n"
-            f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
-    writer.write(head.encode("latin-1") + body)
-    await writer.drain()
+def _text(status: int, message: str, *, close: bool = False) -> web.Response:
+    response = web.Response(status=status, body=message.encode(), headers={"Content-Type": TEXT})
+    if close:  # the unread body may still be on the wire: end the connection rather than parse it as a request
+        response.force_close()
+    return response

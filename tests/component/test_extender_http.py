@@ -52,11 +52,12 @@ def test_verbs_and_hostile_requests() -> None:
             await _request(port, _post("/filter", b"{not json")),
             await _request(port, _post("/filter", b"[" * 100000 + b"]" * 100000)),
             await _request(port, _post("/filter", b'{"Pod": 7, "Nodes": {"items": []}}')),
-            await _request(port, b"POST /filter HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"),
-            await _request(port, b"POST /filter HTTP/1.1\r\nConnection: close\r\n\r\n"),
-            await _request(port, b"GET /filter HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            await _request(port, b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"),
+            await _request(port, b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+            await _request(port, b"POST /filter HTTP/1.1\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"),
+            await _request(port, b"GET /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
             await _request(port, b"NONSENSE\r\n\r\n"),
-            await _request(port, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"),
+            await _request(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
             await _request(port, _post("/explain", good)),
         ]
         await server.close()
@@ -66,7 +67,7 @@ def test_verbs_and_hostile_requests() -> None:
         assert counts[("prioritize", "ok")] == 1
         return out
 
-    (flt, pri, notjson, deep, badpod, huge, nolen, get, nonsense, health, explained) = asyncio.run(main())
+    (flt, pri, notjson, deep, badpod, huge, nolen, nohost, get, nonsense, health, explained) = asyncio.run(main())
     assert flt[0] == 200 and [n["metadata"]["name"] for n in json.loads(flt[1])["nodes"]["items"]] == ["a"]
     assert pri[0] == 200 and json.loads(pri[1])[0]["host"] == "a"
     assert notjson[0] == 400 and b"not JSON" in notjson[1]
@@ -74,6 +75,7 @@ def test_verbs_and_hostile_requests() -> None:
     assert badpod[0] == 400 and b"pod must be a JSON object" in badpod[1]
     assert huge[0] == 413
     assert nolen[0] == 411
+    assert nohost[0] == 400, "HTTP/1.1 without Host (RFC 9112 section 3.2)"
     assert get[0] == 405
     assert nonsense[0] == 400
     assert health == (200, b"ok\n")
