@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from hostcache import copy_host
+from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
@@ -125,10 +126,10 @@ def test_trn2_torus_rows_and_pci(tmp_path: Path) -> None:
         assert (attrs["topology4_id"], attrs["topology8_id"]) == (i // 4, i // 8)
         assert attrs[dg.DEVICEGROUP1_ID] == dg.NEURON_TO_EFA["trn2"][i]
     d0 = devices["neuron-device-0"].attributes
-    assert d0["resource.kubernetes.io/pcieRoot"] == "pci0000:a8"
-    assert d0["resource.kubernetes.io/pciBusID"] == "0000:cb:00.0"
+    _, bdf, numa = TRN2_48XLARGE_GUIDE[0]  # a real neuron-ls listing
+    assert d0["resource.kubernetes.io/pciBusID"] == bdf and d0["numaNode"] == numa
+    assert d0["resource.kubernetes.io/pcieRoot"] == "pci0000:a8"  # the fake host's root of that bus
     assert d0["neuronDriverVersion"] == "2.25.4.0"
-    assert d0["numaNode"] == 0
 
 
 def test_unhealthy_devices_are_tainted(tmp_path: Path) -> None:
