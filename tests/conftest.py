@@ -61,7 +61,20 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _pristine_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Where tests/hostcache.py keeps the fake hosts it generates once per session."""
+    """Where tests/hostcache.py keeps the fake hosts it generates once per session; at the end, every shared tree
+    must still be as built (this also covers trees a module-scoped fixture kept between tests)."""
     hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
     yield
+    changed = {str(root): hostcache.changes(root)[:5] for root in hostcache.all_shared() if hostcache.changes(root)}
     hostcache.ROOT = None
+    assert not changed, f"shared fake hosts were changed during the session: {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _shared_hosts_unchanged() -> Iterator[None]:
+    """A test given a shared fake host (hostcache.shared_host) must leave it as built."""
+    hostcache.take_shared_used()
+    yield
+    for root in hostcache.take_shared_used():
+        changed = hostcache.changes(root)
+        assert not changed, f"this test changed the shared fake host {root}: {changed[:5]} (use copy_host)"

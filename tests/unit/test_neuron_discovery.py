@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import copy_host, shared_host
 from neuron_facts import TRN2_LINKS
 from neuron_listings import TRN2_48XLARGE_GUIDE
 
@@ -47,17 +47,10 @@ def host(tmp_path: Path, itype: str, lnc: int | None = None) -> tuple[FakeHost, 
     return fake, HostPaths(host_root=fake.root)
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int | None], Path]:
-    """Read-only trees, built once per (type, LNC) for the whole module."""
-    built: dict[tuple[str, int | None], Path] = {}
-
-    def get(itype: str, lnc: int | None = None) -> Path:
-        if (itype, lnc) not in built:
-            built[(itype, lnc)] = copy_host(tmp_path_factory.mktemp("pristine") / "host", itype, lnc=lnc).root
-        return built[(itype, lnc)]
-
-    return get
+@pytest.fixture
+def pristine() -> Callable[[str, int | None], Path]:
+    """Read-only trees, built once per (type, LNC) for the whole session (tests/hostcache.py)."""
+    return lambda itype, lnc=None: shared_host(itype, lnc=lnc).root
 
 
 def test_every_catalog_type_has_an_expectation() -> None:

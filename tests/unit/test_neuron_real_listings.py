@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import shared_host
 from neuron_listings import (
     INF2_48XLARGE_BLOG,
     TRN1_32XLARGE_HYPERPOD,
@@ -106,7 +106,7 @@ def test_trn2_3xlarge_default_lnc_halves_the_cores(tmp_path: Path) -> None:
 
 
 def _rows(instance_type: str, root: Path) -> dict[int, tuple[tuple[int, ...], str | None, int | None]]:
-    inv = discover(HostPaths(host_root=copy_host(root, instance_type).root))
+    inv = discover(HostPaths(host_root=shared_host(instance_type).root))
     assert inv.all_problems() == []
     return {d.index: (d.connected, d.pci_address, d.numa_node) for d in inv.devices}
 
