@@ -27,6 +27,8 @@ _BUILT: dict[Key, Path] = {}
 _FINGERPRINTS: dict[Path, Fingerprint] = {}
 #: Shared trees handed out since the last :func:`take_shared_used` (the current test's).
 _USED: set[Path] = set()
+#: Copies made since the last :func:`take_copies`.
+_COPIES: list[Path] = []
 
 
 def _pristine(key: Key) -> Path:
@@ -53,6 +55,7 @@ def copy_host(dest: Path, instance_type: str, *, efa: bool = True, lnc: int | No
     # Symlinks stay links and hard links stay links; modes come out as the builder made them (same umask).
     # Timestamps, owners and xattrs are not copied: nothing reads them, and skipping them is a third of the cost.
     subprocess.run(["cp", "-R", "-P", "--preserve=links", f"{pristine}/.", str(dest)], check=True)
+    _COPIES.append(dest)
     return FakeHost.attach(dest)
 
 
@@ -94,6 +97,13 @@ def take_shared_used() -> set[Path]:
     used = set(_USED)
     _USED.clear()
     return used
+
+
+def take_copies() -> list[Path]:
+    """The copies made since the last call (and forget them)."""
+    copies = list(_COPIES)
+    _COPIES.clear()
+    return copies
 
 
 def all_shared() -> list[Path]:
