@@ -64,7 +64,12 @@ def short_tmp() -> Iterator[Path]:
 def _pristine_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Where tests/hostcache.py keeps the fake hosts it generates once per session; at the end, every shared tree
     must still be as built (this also covers trees a module-scoped fixture kept between tests)."""
-    hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
+    base = tmp_path_factory.getbasetemp()
+    if base.name.startswith("popen-gw"):  # an xdist worker: its workers share the run's trees
+        hostcache.ROOT = base.parent / "pristine-hosts"
+        hostcache.ROOT.mkdir(exist_ok=True)
+    else:
+        hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
     yield
     changed = {str(root): hostcache.changes(root)[:5] for root in hostcache.all_shared() if hostcache.changes(root)}
     hostcache.ROOT = None
@@ -78,7 +83,8 @@ def _shared_hosts_unchanged() -> Iterator[None]:
     yield
     for root in hostcache.take_shared_used():
         changed = hostcache.changes(root)
-        assert not changed, f"this test changed the shared fake host {root}: {changed[:5]} (use copy_host)"
+        assert not changed, (f"the shared fake host {root} changed during this test (or one on another xdist "
+                             f"worker): {changed[:5]}; a test that changes a host needs copy_host")
 
 
 _CALL_PASSED = pytest.StashKey[bool]()

@@ -10,6 +10,7 @@ by name instead of quietly changing what later tests see.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from pathlib import Path
@@ -32,12 +33,20 @@ _COPIES: list[Path] = []
 
 
 def _pristine(key: Key) -> Path:
+    """The pristine tree of ``key``, built on first use. ROOT may be shared by the xdist workers of one run: the
+    first to need a tree builds it under a lock, into a temp name renamed into place when complete."""
     assert ROOT is not None
     pristine = _BUILT.get(key)
     if pristine is None:
         instance_type, efa, lnc, us_id, us_node = key
-        pristine = ROOT / "-".join(str(part) for part in key)
-        build_host(pristine, instance_type, efa=efa, lnc=lnc, ultraserver_id=us_id, ultraserver_node=us_node)
+        name = "-".join(str(part) for part in key)
+        pristine = ROOT / name
+        with (ROOT / f".{name}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not pristine.is_dir():
+                partial = ROOT / f".{name}.{os.getpid()}"
+                build_host(partial, instance_type, efa=efa, lnc=lnc, ultraserver_id=us_id, ultraserver_node=us_node)
+                partial.rename(pristine)
         _BUILT[key] = pristine
     return pristine
 
