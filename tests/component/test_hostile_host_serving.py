@@ -59,6 +59,9 @@ def break_file(path: Path, how: str) -> None:
 
 
 HOW = ("superscript", "fullwidth", "binary", "huge", "fifo", "loop", "directory")
+#: EFA port counters of the fake host, one per way of breaking a file
+COUNTERS = ("tx_bytes", "rx_bytes", "tx_pkts", "rx_pkts", "send_bytes", "recv_bytes", "send_wrs")
+UNREADABLE = 'msg="EFA counter unreadable; skipped in metrics"'
 
 
 def scrape(port: int) -> str:
@@ -128,38 +131,51 @@ def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path
         shutil.copytree(host.root, pristine, symlinks=True)
         ib_rel = host.ibdev_dir(victim).relative_to(host.root)
         pci_rel = Path(os.path.realpath(host.ibdev_dir(victim) / "device")).relative_to(host.root)
-        # (file, does breaking it make the device Unhealthy?) - a counter only drops out of the metrics
-        targets = [(ib_rel / "ports/1/state", True), (pci_rel / "numa_node", True),
-                   (Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/dev"), True),
-                   (Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/ibdev"), True),
-                   (ib_rel / "ports/1/hw_counters/tx_bytes", False)]
+        # files whose breaking makes the device Unhealthy (or go away)
+        targets = [ib_rel / "ports/1/state", pci_rel / "numa_node",
+                   Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/dev"),
+                   Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/ibdev")]
+        # a counter only drops out of the metrics; counters are read when /metrics takes a snapshot (at most every
+        # 2 s), so each way of breaking one goes to its own counter file and all are read in one snapshot
+        counters = dict(zip(HOW, [ib_rel / "ports/1/hw_counters" / name for name in COUNTERS], strict=True))
         standin = KubeletStandIn(short_tmp / "k")
         await standin.start()
         port = free_port()
         proc = await serve(["efa_plugin.cli", "serve", "--host-root", str(host.root), "--rescan-interval", "0.1",
                             "--metrics-port", str(port)], standin)
+        logged = StderrLines(proc)
         try:
             await standin.wait_registered(EFA, timeout=30)
             devices = await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d))
             ids = sorted(d.ID for d in devices)
             victim_id = next(i for i in ids if (host.root / pci_rel).name == i)
             others = [i for i in ids if i != victim_id]
-            for target, unhealthy in targets:
+            for target in targets:
                 for how in HOW:
-                    errors_before = read_errors(await asyncio.to_thread(scrape, port), victim)
                     break_file(host.root / target, how)
-                    if unhealthy:  # the victim goes Unhealthy or away; the others stay Healthy and listed
-                        await standin.wait_devices(EFA, lambda d: health(d, others.__contains__) == dict.fromkeys(
-                            others, "Healthy") and health(d, victim_id.__eq__) != {victim_id: "Healthy"}, timeout=10)
-                    else:  # the daemon has read the broken file once one more read error is counted
-                        await until_read_errors_above(port, victim, errors_before)
+                    # the victim goes Unhealthy or away; the others stay Healthy and listed
+                    await standin.wait_devices(EFA, lambda d: health(d, others.__contains__) == dict.fromkeys(
+                        others, "Healthy") and health(d, victim_id.__eq__) != {victim_id: "Healthy"}, timeout=10)
                     assert proc.poll() is None
                     text = await asyncio.to_thread(scrape, port)
                     assert 'efa_device_healthy{device="' in text
                     restore(pristine, host, target)
                     await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d),
                                                timeout=10)
-            await stop(proc)
+            errors_before = read_errors(await asyncio.to_thread(scrape, port), victim)
+            for how, counter in counters.items():
+                break_file(host.root / counter, how)
+            # a scrape's snapshot reads every counter: one read error per broken file, and each broken file logged
+            # as unreadable (once per path); meanwhile every device stays listed and Healthy
+            await until_read_errors_above(port, victim, errors_before + len(counters) - 1)
+            for how, counter in counters.items():
+                await until(lambda c=counter: any(UNREADABLE in line and f"/hw_counters/{c.name}" in line
+                                                  for line in list(logged.lines)), f"{counter.name} ({how}) logged")
+            assert proc.poll() is None
+            assert health(standin.plugins[EFA].devices, bool) == dict.fromkeys(ids, "Healthy")
+            for counter in counters.values():
+                restore(pristine, host, counter)
+            await stop(proc, logged)
         finally:
             if proc.poll() is None:
                 proc.kill()
