@@ -182,8 +182,10 @@ _PRISTINE: dict[str, Pristine] = {}
 
 
 @pytest.fixture(scope="session")
-def pristine() -> Callable[[str], Pristine]:
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pristine]:
     """Each host type built once per session (the read-only trees of tests/hostcache.py)."""
+    global _WORK_BASE
+    _WORK_BASE = tmp_path_factory.mktemp("hostile-work")  # removed with the session's temp tree
 
     def get(instance_type: str) -> Pristine:
         if instance_type not in _PRISTINE:
@@ -246,6 +248,7 @@ def _restore(pristine_root: Path, root: Path, rels: list[str]) -> None:
 
 
 _WORK: dict[Path, tuple[Path, Shape]] = {}
+_WORK_BASE: Path | None = None
 
 
 @contextlib.contextmanager
@@ -254,7 +257,8 @@ def mutated_copy(base: Pristine, muts: list[Mutation]) -> Iterator[Path]:
     touched paths are restored and the copy's shape compared with the pristine one (a full re-copy if they differ),
     so every example starts from the pristine tree without copying ~6k entries each time."""
     if base.root not in _WORK:
-        work = Path(tempfile.mkdtemp(prefix="hostile-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+        assert _WORK_BASE is not None, "mutated_copy needs the pristine fixture"
+        work = Path(tempfile.mkdtemp(prefix="hostile-", dir=_WORK_BASE))
         subprocess.run(["cp", "-a", str(base.root), str(work / "host")], check=True)
         _WORK[base.root] = (work / "host", shape(base.root))
     root, want = _WORK[base.root]
