@@ -104,6 +104,11 @@ class MetricsServer:
         self._ready = threading.Event()
         self._bucket = _TokenBucket(rate, burst)
 
+    @property
+    def open_connections(self) -> int:
+        """How many connections the server holds now (for tests and the benchmark)."""
+        return len(self._conns)
+
     # -- life cycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Bind and listen (OSError if the address cannot be used), then serve on a daemon thread."""

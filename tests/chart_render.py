@@ -85,11 +85,20 @@ class Rendered:
         return iter(self.docs)
 
 
+_RUNS: dict[tuple[str, ...], tuple[int, str, str]] = {}
+
+
 def run_helm(helm: Path, args: Sequence[str]) -> str:
-    proc = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120, check=False)
-    if proc.returncode != 0:
-        raise RenderError(proc.stderr.strip())
-    return proc.stdout
+    """helm's stdout; the same command line is run once per test process (the charts do not change during a run,
+    and every file argument a test writes lives under its own temp dir)."""
+    key = (str(helm), *args)
+    if key not in _RUNS:
+        proc = subprocess.run(list(key), capture_output=True, text=True, timeout=120, check=False)
+        _RUNS[key] = (proc.returncode, proc.stdout, proc.stderr)
+    code, out, err = _RUNS[key]
+    if code != 0:
+        raise RenderError(err.strip())
+    return out
 
 
 def parse(text: str) -> Rendered:

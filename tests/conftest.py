@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,7 +62,54 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _pristine_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Where tests/hostcache.py keeps the fake hosts it generates once per session."""
-    hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
+    """Where tests/hostcache.py keeps the fake hosts it generates once per session; at the end, every shared tree
+    must still be as built (this also covers trees a module-scoped fixture kept between tests)."""
+    base = tmp_path_factory.getbasetemp()
+    if base.name.startswith("popen-gw"):  # an xdist worker: its workers share the run's trees
+        hostcache.ROOT = base.parent / "pristine-hosts"
+        hostcache.ROOT.mkdir(exist_ok=True)
+    else:
+        hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
     yield
+    changed = {str(root): hostcache.changes(root)[:5] for root in hostcache.all_shared() if hostcache.changes(root)}
     hostcache.ROOT = None
+    assert not changed, f"shared fake hosts were changed during the session: {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _shared_hosts_unchanged() -> Iterator[None]:
+    """A test given a shared fake host (hostcache.shared_host) must leave it as built."""
+    hostcache.take_shared_used()
+    yield
+    for root in hostcache.take_shared_used():
+        changed = hostcache.changes(root)
+        assert not changed, (f"the shared fake host {root} changed during this test (or one on another xdist "
+                             f"worker): {changed[:5]}; a test that changes a host needs copy_host")
+
+
+_CALL_PASSED = pytest.StashKey[bool]()
+#: The per-test temp-dir fixtures whose contents are removed when the test ends anyway.
+_PER_TEST_DIRS = ("tmp_path", "short_tmp")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.when == "call":
+        item.stash[_CALL_PASSED] = report.passed
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A passed test's fake-host copies inside its own temp dirs go with one ``rm -rf`` (half the CPU of the
+    fixtures' shutil.rmtree on a 17k-entry tree) just before those fixtures remove the rest; a failed test keeps
+    them for a look."""
+    copies = hostcache.take_copies()
+    if not copies or not item.stash.get(_CALL_PASSED, False):
+        return
+    funcargs = getattr(item, "funcargs", {})
+    dirs = [Path(funcargs[name]) for name in _PER_TEST_DIRS if isinstance(funcargs.get(name), Path)]
+    mine = [str(c) for c in copies if any(c.is_relative_to(d) for d in dirs)]
+    if mine:
+        subprocess.run(["rm", "-rf", "--", *mine], check=False)

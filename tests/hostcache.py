@@ -1,12 +1,17 @@
-"""Fake hosts built once per test session and copied per test.
+"""Fake hosts built once per test session: copied per test, or shared read-only.
 
-A trn2.48xlarge tree is ~12k files; generating it is several seconds under load, copying it with ``cp -a`` is a
-fraction of that. Each (type, EFA, LNC) is generated once into the session's temp tree; every caller gets its own
-copy to read or mutate, so no test sees another's changes.
+A trn2.48xlarge tree is ~17k entries; generating it, copying it and removing it each cost about half a CPU-second
+(directory entries, not file contents, are the cost). Each kind of tree (type, EFA, LNC, UltraServer ids) is
+generated once into the session's temp tree. :func:`copy_host` gives a test its own copy to mutate;
+:func:`shared_host` gives the pristine tree itself to a test that only reads it. A shared tree is fingerprinted
+when built and checked after every test that asked for it (tests/conftest.py), so a test that changes one fails
+by name instead of quietly changing what later tests see.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,24 +20,103 @@ from accel_core.paths import HostPaths
 
 #: Set by the session fixture in tests/conftest.py; without it (outside pytest) every call generates a tree.
 ROOT: Path | None = None
-_BUILT: dict[tuple[str, bool, int | None], Path] = {}
+
+Key = tuple[str, bool, int | None, str | None, int | None]
+Fingerprint = dict[str, tuple[int, int, int, int]]
+
+_BUILT: dict[Key, Path] = {}
+_FINGERPRINTS: dict[Path, Fingerprint] = {}
+#: Shared trees handed out since the last :func:`take_shared_used` (the current test's).
+_USED: set[Path] = set()
+#: Copies made since the last :func:`take_copies`.
+_COPIES: list[Path] = []
 
 
-def copy_host(dest: Path, instance_type: str, *, efa: bool = True, lnc: int | None = None) -> FakeHost:
-    """Like :func:`build_host` (same arguments and result), from the session's pristine tree of that kind."""
-    if ROOT is None:
-        return build_host(dest, instance_type, efa=efa, lnc=lnc)
-    key = (instance_type, efa, lnc)
+def _pristine(key: Key) -> Path:
+    """The pristine tree of ``key``, built on first use. ROOT may be shared by the xdist workers of one run: the
+    first to need a tree builds it under a lock, into a temp name renamed into place when complete."""
+    assert ROOT is not None
     pristine = _BUILT.get(key)
     if pristine is None:
-        pristine = ROOT / f"{instance_type}-efa{int(efa)}-lnc{lnc}"
-        build_host(pristine, instance_type, efa=efa, lnc=lnc)
+        instance_type, efa, lnc, us_id, us_node = key
+        name = "-".join(str(part) for part in key)
+        pristine = ROOT / name
+        with (ROOT / f".{name}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not pristine.is_dir():
+                partial = ROOT / f".{name}.{os.getpid()}"
+                build_host(partial, instance_type, efa=efa, lnc=lnc, ultraserver_id=us_id, ultraserver_node=us_node)
+                partial.rename(pristine)
         _BUILT[key] = pristine
+    return pristine
+
+
+def copy_host(dest: Path, instance_type: str, *, efa: bool = True, lnc: int | None = None,
+              ultraserver_id: str | None = None, ultraserver_node: int | None = None) -> FakeHost:
+    """Like :func:`build_host` (same arguments and result), from the session's pristine tree of that kind."""
+    if ROOT is None:
+        return build_host(dest, instance_type, efa=efa, lnc=lnc, ultraserver_id=ultraserver_id,
+                          ultraserver_node=ultraserver_node)
+    pristine = _pristine((instance_type, efa, lnc, ultraserver_id, ultraserver_node))
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         build_host(dest, instance_type, efa=efa, lnc=lnc)  # raises the builder's "already holds a tree" error
-    subprocess.run(["cp", "-a", f"{pristine}/.", str(dest)], check=True)
+    # Symlinks stay links and hard links stay links; modes come out as the builder made them (same umask).
+    # Timestamps, owners and xattrs are not copied: nothing reads them, and skipping them is a third of the cost.
+    subprocess.run(["cp", "-R", "-P", "--preserve=links", f"{pristine}/.", str(dest)], check=True)
+    _COPIES.append(dest)
     return FakeHost.attach(dest)
+
+
+def shared_host(instance_type: str, *, efa: bool = True, lnc: int | None = None,
+                ultraserver_id: str | None = None, ultraserver_node: int | None = None) -> FakeHost:
+    """The session's pristine tree of that kind itself, for a test that only reads it (never mutate it: the test
+    fails after it ran). Ask for it in the test body (a dict lookup) so the check after the test covers it."""
+    if ROOT is None:
+        raise RuntimeError("shared_host() needs the session fixture of tests/conftest.py")
+    pristine = _pristine((instance_type, efa, lnc, ultraserver_id, ultraserver_node))
+    if pristine not in _FINGERPRINTS:
+        _FINGERPRINTS[pristine] = fingerprint(pristine)
+    _USED.add(pristine)
+    return FakeHost.attach(pristine)
+
+
+def fingerprint(root: Path) -> Fingerprint:
+    """Every entry below ``root`` with its type+mode, size, mtime and ctime (no symlink is followed)."""
+    out: Fingerprint = {}
+    todo = [str(root)]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                out[entry.path] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+    return out
+
+
+def changes(root: Path) -> list[str]:
+    """Paths below a shared tree that were added, removed or changed since it was built (sorted)."""
+    before, now = _FINGERPRINTS[root], fingerprint(root)
+    return sorted(p for p in before.keys() | now.keys() if before.get(p) != now.get(p))
+
+
+def take_shared_used() -> set[Path]:
+    """The shared trees handed out since the last call (and forget them)."""
+    used = set(_USED)
+    _USED.clear()
+    return used
+
+
+def take_copies() -> list[Path]:
+    """The copies made since the last call (and forget them)."""
+    copies = list(_COPIES)
+    _COPIES.clear()
+    return copies
+
+
+def all_shared() -> list[Path]:
+    return list(_FINGERPRINTS)
 
 
 def own_paths(host: FakeHost) -> HostPaths:

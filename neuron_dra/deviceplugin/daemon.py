@@ -103,7 +103,9 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     """
     registry = registry if registry is not None else CollectorRegistry()
     if node is None:
-        node = NeuronNode(paths, numbering=options.core_numbering, grace=options.allocation_grace)
+        # --rescan-interval is the full-rescan period its help promises; the health polls in between stay quick
+        node = NeuronNode(paths, numbering=options.core_numbering, grace=options.allocation_grace,
+                          full_rescan_interval=options.rescan_interval)
     await asyncio.to_thread(node.rediscover)  # off the loop: the kubelet may be calling the early servers
     shared = PolicyMetrics(registry)
     policies: list[DevicePluginPolicy] = [NeuronDevicePolicy(node, shared), NeuronCorePolicy(node, shared)]

@@ -12,11 +12,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from hostcache import copy_host
+from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import FakeHost
@@ -24,6 +27,7 @@ from accel_core.fakehost import FakeHost
 REPO = Path(__file__).resolve().parents[2]
 EFA = "vpc.amazonaws.com/efa"
 NEURON = "aws.amazon.com/neuron"
+PROBLEM, RESOLVED = 'msg="host problem" ', 'msg="host problem resolved"'
 
 
 def free_port() -> int:
@@ -55,6 +59,9 @@ def break_file(path: Path, how: str) -> None:
 
 
 HOW = ("superscript", "fullwidth", "binary", "huge", "fifo", "loop", "directory")
+#: EFA port counters of the fake host, one per way of breaking a file
+COUNTERS = ("tx_bytes", "rx_bytes", "tx_pkts", "rx_pkts", "send_bytes", "recv_bytes", "send_wrs")
+UNREADABLE = 'msg="EFA counter unreadable; skipped in metrics"'
 
 
 def scrape(port: int) -> str:
@@ -76,20 +83,41 @@ async def until_read_errors_above(port: int, device: str, count: float, timeout:
         await asyncio.sleep(0.2)
 
 
+class StderrLines:
+    """Collects a daemon's stderr lines as they come (a reader thread), for waits on what it logs."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            self.lines.append(raw.decode(errors="replace"))
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        self._thread.join(timeout=5)
+        return "".join(self.lines)
+
+
 def health(devices: list, ids: Callable[[str], bool]) -> dict[str, str]:  # type: ignore[type-arg]
     return {d.ID: d.health for d in devices if ids(d.ID)}
 
 
-async def serve(cmd: list[str], standin: KubeletStandIn) -> subprocess.Popen[bytes]:
+async def serve(cmd: list[str], standin: KubeletStandIn, log_level: str = "WARNING") -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", *cmd, *standin.daemon_flags(), "--log-level", "WARNING"], env=env,
+    return subprocess.Popen([sys.executable, "-m", *cmd, *standin.daemon_flags(), "--log-level", log_level], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-async def stop(proc: subprocess.Popen[bytes]) -> str:
+async def stop(proc: subprocess.Popen[bytes], logged: StderrLines | None = None) -> str:
     proc.send_signal(signal.SIGTERM)
     code = await asyncio.to_thread(proc.wait, 20)
-    err = proc.stderr.read().decode() if proc.stderr else ""
+    err = logged.text() if logged is not None else (proc.stderr.read().decode() if proc.stderr else "")
     assert code == 0, err
     assert "Traceback" not in err, err
     return err
@@ -103,38 +131,51 @@ def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path
         shutil.copytree(host.root, pristine, symlinks=True)
         ib_rel = host.ibdev_dir(victim).relative_to(host.root)
         pci_rel = Path(os.path.realpath(host.ibdev_dir(victim) / "device")).relative_to(host.root)
-        # (file, does breaking it make the device Unhealthy?) - a counter only drops out of the metrics
-        targets = [(ib_rel / "ports/1/state", True), (pci_rel / "numa_node", True),
-                   (Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/dev"), True),
-                   (Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/ibdev"), True),
-                   (ib_rel / "ports/1/hw_counters/tx_bytes", False)]
+        # files whose breaking makes the device Unhealthy (or go away)
+        targets = [ib_rel / "ports/1/state", pci_rel / "numa_node",
+                   Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/dev"),
+                   Path(f"sys/class/infiniband_verbs/{host.uverbs_of(victim)}/ibdev")]
+        # a counter only drops out of the metrics; counters are read when /metrics takes a snapshot (at most every
+        # 2 s), so each way of breaking one goes to its own counter file and all are read in one snapshot
+        counters = dict(zip(HOW, [ib_rel / "ports/1/hw_counters" / name for name in COUNTERS], strict=True))
         standin = KubeletStandIn(short_tmp / "k")
         await standin.start()
         port = free_port()
         proc = await serve(["efa_plugin.cli", "serve", "--host-root", str(host.root), "--rescan-interval", "0.1",
                             "--metrics-port", str(port)], standin)
+        logged = StderrLines(proc)
         try:
             await standin.wait_registered(EFA, timeout=30)
             devices = await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d))
             ids = sorted(d.ID for d in devices)
             victim_id = next(i for i in ids if (host.root / pci_rel).name == i)
             others = [i for i in ids if i != victim_id]
-            for target, unhealthy in targets:
+            for target in targets:
                 for how in HOW:
-                    errors_before = read_errors(await asyncio.to_thread(scrape, port), victim)
                     break_file(host.root / target, how)
-                    if unhealthy:  # the victim goes Unhealthy or away; the others stay Healthy and listed
-                        await standin.wait_devices(EFA, lambda d: health(d, others.__contains__) == dict.fromkeys(
-                            others, "Healthy") and health(d, victim_id.__eq__) != {victim_id: "Healthy"}, timeout=10)
-                    else:  # the daemon has read the broken file once one more read error is counted
-                        await until_read_errors_above(port, victim, errors_before)
+                    # the victim goes Unhealthy or away; the others stay Healthy and listed
+                    await standin.wait_devices(EFA, lambda d: health(d, others.__contains__) == dict.fromkeys(
+                        others, "Healthy") and health(d, victim_id.__eq__) != {victim_id: "Healthy"}, timeout=10)
                     assert proc.poll() is None
                     text = await asyncio.to_thread(scrape, port)
                     assert 'efa_device_healthy{device="' in text
                     restore(pristine, host, target)
                     await standin.wait_devices(EFA, lambda d: len(d) == 4 and all(x.health == "Healthy" for x in d),
                                                timeout=10)
-            await stop(proc)
+            errors_before = read_errors(await asyncio.to_thread(scrape, port), victim)
+            for how, counter in counters.items():
+                break_file(host.root / counter, how)
+            # a scrape's snapshot reads every counter: one read error per broken file, and each broken file logged
+            # as unreadable (once per path); meanwhile every device stays listed and Healthy
+            await until_read_errors_above(port, victim, errors_before + len(counters) - 1)
+            for how, counter in counters.items():
+                await until(lambda c=counter: any(UNREADABLE in line and f"/hw_counters/{c.name}" in line
+                                                  for line in list(logged.lines)), f"{counter.name} ({how}) logged")
+            assert proc.poll() is None
+            assert health(standin.plugins[EFA].devices, bool) == dict.fromkeys(ids, "Healthy")
+            for counter in counters.values():
+                restore(pristine, host, counter)
+            await stop(proc, logged)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -154,8 +195,11 @@ def test_neuron_serve_keeps_the_other_devices_through_hostile_files(short_tmp: P
         standin = KubeletStandIn(short_tmp / "k")
         await standin.start()
         port = free_port()
+        # INFO: the daemon logs each new host problem (WARNING) and its resolution (INFO) once, on the rescan that
+        # read the file; those lines are the events this test waits for
         proc = await serve(["neuron_dra.deviceplugin.cli", "serve", "--host-root", str(host.root),
-                            "--rescan-interval", "0.1", "--metrics-port", str(port)], standin)
+                            "--rescan-interval", "0.1", "--metrics-port", str(port)], standin, log_level="INFO")
+        logged = StderrLines(proc)
         others = [str(i) for i in range(16) if i != 3]
         try:
             await standin.wait_registered(NEURON, timeout=30)
@@ -163,8 +207,9 @@ def test_neuron_serve_keeps_the_other_devices_through_hostile_files(short_tmp: P
                                        timeout=10)
             for target in targets:
                 for how in HOW:
+                    appeared, resolved = logged.count(PROBLEM), logged.count(RESOLVED)
                     break_file(host.root / target, how)
-                    await asyncio.sleep(0.5)  # a few rescans
+                    await until(lambda n=appeared: logged.count(PROBLEM) > n, f"the daemon reading {target} ({how})")
                     devices = await standin.wait_devices(
                         NEURON, lambda d: len(d) == 16 and health(d, others.__contains__) == dict.fromkeys(
                             others, "Healthy"), timeout=10)
@@ -172,9 +217,10 @@ def test_neuron_serve_keeps_the_other_devices_through_hostile_files(short_tmp: P
                     assert len(devices) == 16
                     assert "neuron_device_plugin_device_healthy" in await asyncio.to_thread(scrape, port)
                     restore(pristine, host, target)
+                    await until(lambda n=resolved: logged.count(RESOLVED) > n, f"{target} ({how}) resolved")
             await standin.wait_devices(NEURON, lambda d: len(d) == 16 and all(x.health == "Healthy" for x in d),
                                        timeout=10)
-            await stop(proc)
+            await stop(proc, logged)
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -6,12 +6,18 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
+from waits import until
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.ownnode import OwnNode
+
+
+def logged_count(caplog: pytest.LogCaptureFixture, text: str) -> Callable[[], int]:
+    return lambda: sum(text in r.getMessage() for r in caplog.records)
 
 
 def _meta(client: Client, node: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -36,9 +42,8 @@ def test_own_node_labels_and_annotations(control_plane: ControlPlane, kube_clien
             assert annotations["example.com/usage"] == '{"v":1}'
 
             writes = own.writes
-            own.want(labels={"example.com/mode": "4"})  # nothing new: no write
-            await asyncio.sleep(0.3)
-            assert own.writes == writes
+            own.want(labels={"example.com/mode": "4"})  # nothing new: nothing pending, so no write
+            assert own.in_sync.is_set() and own.writes == writes
 
             own.want(labels={"example.com/mode": None})  # None removes the key
             await asyncio.wait_for(own.in_sync.wait(), 10)
@@ -61,7 +66,8 @@ def test_own_node_labels_and_annotations(control_plane: ControlPlane, kube_clien
 
 
 def test_own_node_without_rights_logs_and_keeps_running(control_plane: ControlPlane, namespace: str,
-                                                        fake_node: Callable[..., str]) -> None:
+                                                        fake_node: Callable[..., str],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     node = fake_node()
     token = control_plane.mint_token(namespace, "default")  # a default ServiceAccount may not touch Nodes
 
@@ -71,7 +77,8 @@ def test_own_node_without_rights_logs_and_keeps_running(control_plane: ControlPl
         stop = asyncio.Event()
         task = asyncio.create_task(own.run(stop))
         own.want(labels={"example.com/mode": "4"})
-        await asyncio.sleep(1.0)
+        refused = logged_count(caplog, "could not update our Node")
+        await until(lambda: refused() >= 3, "three refused attempts logged")  # it keeps retrying
         assert not task.done() and not own.in_sync.is_set() and own.writes == 0
         stop.set()
         await asyncio.wait_for(task, 5)

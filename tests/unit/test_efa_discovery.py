@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import hostcache
 import pytest
 from hostcache import copy_host
 
@@ -39,16 +40,13 @@ def host_of(tmp_path: Path, instance_type: str, efa: bool = True) -> tuple[FakeH
     return host, HostPaths(host_root=host.root)
 
 
-@pytest.fixture(scope="module")
-def shared_host(tmp_path_factory: pytest.TempPathFactory) -> SharedHost:
-    """Read-only host trees, built once per module (the Trainium trees take seconds to write)."""
-    built: dict[tuple[str, bool], FakeHost] = {}
+@pytest.fixture
+def shared_host() -> SharedHost:
+    """Read-only host trees, built once per session (tests/hostcache.py; the Trainium trees take seconds)."""
 
     def get(instance_type: str, efa: bool = True) -> tuple[FakeHost, HostPaths]:
-        key = (instance_type, efa)
-        if key not in built:
-            built[key] = copy_host(tmp_path_factory.mktemp("efa-host"), instance_type, efa=efa)
-        return built[key], HostPaths(host_root=built[key].root)
+        host = hostcache.shared_host(instance_type, efa=efa)
+        return host, HostPaths(host_root=host.root)
 
     return get
 

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 from cdi_schema import assert_valid_cdi_spec
-from hostcache import copy_host
+from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.awsfacts import catalog
@@ -49,8 +49,9 @@ TRN2_DEVICE0_GROUPS = {"resource.aws.com/devicegroup1_id": "0000:c9:00.0",
                        "resource.aws.com/devicegroup16_id": "821d14afaf11327d"}
 
 
-def host(tmp_path: Path, instance_type: str) -> tuple[FakeHost, HostPaths]:
-    fake = copy_host(tmp_path / "host", instance_type)
+def host(tmp_path: Path, instance_type: str, *, shared: bool = False) -> tuple[FakeHost, HostPaths]:
+    """The host (``shared``: the session's read-only tree, else a copy to change) with kubelet and CDI dirs."""
+    fake = shared_host(instance_type) if shared else copy_host(tmp_path / "host", instance_type)
     return fake, HostPaths(host_root=fake.root, kubelet_root=tmp_path / "kubelet", cdi_root=tmp_path / "cdi",
                            device_plugins=tmp_path / "kubelet" / "device-plugins")
 
@@ -62,7 +63,7 @@ def published(paths: HostPaths, profile: EfaProfile | None = None) -> dict[str, 
 
 
 def test_p4d_attributes_match_the_reference(tmp_path: Path) -> None:
-    _, paths = host(tmp_path, "p4d.24xlarge")
+    _, paths = host(tmp_path, "p4d.24xlarge", shared=True)
     devices = published(paths)
     assert sorted(devices) == ["efa-0000-10-1b-0", "efa-0000-20-1b-0", "efa-0000-90-1b-0", "efa-0000-a0-1b-0"]
     for bdf, (ibdev, root, numa) in P4D.items():
@@ -81,7 +82,7 @@ def test_p4d_attributes_match_the_reference(tmp_path: Path) -> None:
 
 def test_only_efa_devices_are_published(tmp_path: Path) -> None:
     # efa.md 1.2: p6-b200 has 8 EFA plus 2 mlx5 ibp* devices that are not EFA
-    _, paths = host(tmp_path, "p6-b200.48xlarge")
+    _, paths = host(tmp_path, "p6-b200.48xlarge", shared=True)
     devices = published(paths)
     assert len(devices) == 8
     assert all(str(d.attributes["rdmaDevice"]).startswith("rdmap") for d in devices.values())
@@ -89,14 +90,14 @@ def test_only_efa_devices_are_published(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("instance_type", [t for t in catalog.names() if catalog.get(t).efa is not None])
 def test_every_catalog_type_publishes_valid_devices(tmp_path: Path, instance_type: str) -> None:
-    _, paths = host(tmp_path, instance_type)
+    _, paths = host(tmp_path, instance_type, shared=True)
     devices = list(published(paths).values())
     validate_devices(devices)
     assert len(devices) == catalog.get(instance_type).efa_count
 
 
 def test_trn2_device_groups_are_the_ones_of_the_neuron_devices_each_efa_serves(tmp_path: Path) -> None:
-    _, paths = host(tmp_path, "trn2.48xlarge")
+    _, paths = host(tmp_path, "trn2.48xlarge", shared=True)
     efa = published(paths)
     neuron = {d.name: d for d in NeuronProfile().scan(paths, "1.2.3").devices}
     groups = ("resource.aws.com/devicegroup1_id", "resource.aws.com/devicegroup4_id",
@@ -111,7 +112,7 @@ def test_trn2_device_groups_are_the_ones_of_the_neuron_devices_each_efa_serves(t
 def test_trn1_two_neuron_devices_per_efa(tmp_path: Path) -> None:
     # neuron.md section 3, trn1: (0,1) 10:1a.0, (2,3) a0:1a.0 ... (14,15) a0:19.0; DRANET on trn1 reports
     # 0000:10:19.0 as rdmap16s25 on pci0000:10
-    _, paths = host(tmp_path, "trn1.32xlarge")
+    _, paths = host(tmp_path, "trn1.32xlarge", shared=True)
     efa = published(paths)
     neuron = {d.name: d.attributes for d in NeuronProfile().scan(paths, "1.2.3").devices}
     assert len(efa) == 8

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hostcache import shared_host
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts.catalog import CatalogError, UnknownInstanceType
@@ -185,9 +186,9 @@ def test_every_type_builds_with_real_layout(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_ARCH))
-def test_neuron_architecture_and_stats(tmp_path: Path, name: str) -> None:
-    build_host(tmp_path, name)
-    d = tmp_path / "sys/class/neuron_device/neuron0"
+def test_neuron_architecture_and_stats(name: str) -> None:
+    root = shared_host(name).root  # the builder's tree, built once per session
+    d = root / "sys/class/neuron_device/neuron0"
     nd, nc, inst, dev_name = EXPECTED_ARCH[name]
     assert read(d, "info/architecture/arch_type") == f"{nd}\n"
     assert read(d, "info/architecture/instance_type") == f"{inst}\n"
@@ -205,12 +206,12 @@ def test_neuron_architecture_and_stats(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_NEURON))
-def test_connected_devices_symmetric_and_match_topology(tmp_path: Path, name: str) -> None:
-    build_host(tmp_path, name)
+def test_connected_devices_symmetric_and_match_topology(name: str) -> None:
+    root = shared_host(name).root  # the builder's tree, built once per session
     n = EXPECTED_NEURON[name][0]
     neigh: dict[int, list[int]] = {}
     for i in range(n):
-        text = read(tmp_path, f"sys/class/neuron_device/neuron{i}/connected_devices")
+        text = read(root, f"sys/class/neuron_device/neuron{i}/connected_devices")
         assert text.endswith("\n")
         neigh[i] = [int(x) for x in text.strip().split(", ")] if text.strip() else []
     for i, js in neigh.items():
@@ -229,13 +230,12 @@ def test_connected_devices_symmetric_and_match_topology(tmp_path: Path, name: st
             assert topology == "single" and neigh[i] == []
 
 
-def test_connected_devices_driver_order(tmp_path: Path) -> None:
-    build_host(tmp_path / "a", "trn1.32xlarge")
-    build_host(tmp_path / "b", "trn2.48xlarge")
-    assert read(tmp_path, "a/sys/class/neuron_device/neuron0/connected_devices") == "12, 3, 4, 1\n"
-    assert read(tmp_path, "a/sys/class/neuron_device/neuron5/connected_devices") == "1, 4, 9, 6\n"
-    assert read(tmp_path, "b/sys/class/neuron_device/neuron0/connected_devices") == "12, 1, 3, 4\n"
-    assert read(tmp_path, "b/sys/class/neuron_device/neuron5/connected_devices") == "4, 9, 1, 6\n"
+def test_connected_devices_driver_order() -> None:
+    a, b = shared_host("trn1.32xlarge").root, shared_host("trn2.48xlarge").root  # built once per session
+    assert read(a, "sys/class/neuron_device/neuron0/connected_devices") == "12, 3, 4, 1\n"
+    assert read(a, "sys/class/neuron_device/neuron5/connected_devices") == "1, 4, 9, 6\n"
+    assert read(b, "sys/class/neuron_device/neuron0/connected_devices") == "12, 1, 3, 4\n"
+    assert read(b, "sys/class/neuron_device/neuron5/connected_devices") == "4, 9, 1, 6\n"
 
 
 def test_p6_b200_mlx5_devices_come_first(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import copy_host, shared_host
+from neuron_facts import TRN2_LINKS
+from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
 from accel_core.fakehost import FakeHost
@@ -45,17 +47,10 @@ def host(tmp_path: Path, itype: str, lnc: int | None = None) -> tuple[FakeHost, 
     return fake, HostPaths(host_root=fake.root)
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int | None], Path]:
-    """Read-only trees, built once per (type, LNC) for the whole module."""
-    built: dict[tuple[str, int | None], Path] = {}
-
-    def get(itype: str, lnc: int | None = None) -> Path:
-        if (itype, lnc) not in built:
-            built[(itype, lnc)] = copy_host(tmp_path_factory.mktemp("pristine") / "host", itype, lnc=lnc).root
-        return built[(itype, lnc)]
-
-    return get
+@pytest.fixture
+def pristine() -> Callable[[str, int | None], Path]:
+    """Read-only trees, built once per (type, LNC) for the whole session (tests/hostcache.py)."""
+    return lambda itype, lnc=None: shared_host(itype, lnc=lnc).root
 
 
 def test_every_catalog_type_has_an_expectation() -> None:
@@ -95,8 +90,10 @@ def test_device_facts_on_trn2_48xlarge(pristine: Callable[[str, int | None], Pat
     inv = discover(HostPaths(host_root=pristine("trn2.48xlarge", None)))
     dev = inv.device(8)
     assert dev.arch == "trn2" and dev.device_name == "Trainium2" and dev.core_count == 8
-    assert dev.connected == (4, 9, 11, 12)
-    assert dev.pci_address == "0000:9a:00.0" and dev.numa_node == 1 and dev.pcie_root == "pci0000:78"
+    assert dev.connected == TRN2_LINKS[8]  # the trn2 driver's neighbour table (neuron.md section 3)
+    _, bdf, numa = TRN2_48XLARGE_GUIDE[8]  # a real neuron-ls listing
+    assert (dev.pci_address, dev.numa_node) == (bdf, numa)
+    assert dev.pcie_root == "pci0000:78"  # not printed by neuron-ls: the fake host's root of that bus
     assert dev.dev_node == "/dev/neuron8" and dev.present and dev.uncorrected_errors == 0
     assert dev.memory_bytes == 96 * 1024**3
     assert inv.driver_version == "2.25.4.0"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hostcache import copy_host
+from hostcache import copy_host, shared_host
+from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
@@ -32,9 +33,9 @@ def neuron_spec(instance_type: str) -> catalog.NeuronSpec:
     return spec
 
 
-def _inventory(root: Path, instance_type: str):  # type: ignore[no-untyped-def]
-    copy_host(root, instance_type)
-    return discover(HostPaths(host_root=root))
+def _inventory(instance_type: str):  # type: ignore[no-untyped-def]
+    """Discovery over the session's read-only tree of that type."""
+    return discover(HostPaths(host_root=shared_host(instance_type).root))
 
 
 # -- device groups --------------------------------------------------------------------------------------------------
@@ -95,7 +96,7 @@ def test_the_tables_are_the_one_copy_and_the_catalog_must_fit_them(tmp_path: Pat
 # -- attributes -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("instance_type", NEURON_TYPES)
 def test_every_catalog_type_publishes_valid_devices(tmp_path: Path, instance_type: str) -> None:
-    inv = _inventory(tmp_path, instance_type)
+    inv = _inventory(instance_type)
     devices = slice_devices(inv, "0.1.0", assess(inv))
     validate_devices(devices)  # raises on any limit
     spec = neuron_spec(instance_type)
@@ -117,7 +118,7 @@ def test_every_catalog_type_publishes_valid_devices(tmp_path: Path, instance_typ
 
 
 def test_trn2_torus_rows_and_pci(tmp_path: Path) -> None:
-    inv = _inventory(tmp_path, "trn2.48xlarge")
+    inv = _inventory("trn2.48xlarge")
     devices = {d.name: d for d in slice_devices(inv, "1.2.3")}
     for i in range(16):
         attrs = devices[device_name(i)].attributes
@@ -125,10 +126,10 @@ def test_trn2_torus_rows_and_pci(tmp_path: Path) -> None:
         assert (attrs["topology4_id"], attrs["topology8_id"]) == (i // 4, i // 8)
         assert attrs[dg.DEVICEGROUP1_ID] == dg.NEURON_TO_EFA["trn2"][i]
     d0 = devices["neuron-device-0"].attributes
-    assert d0["resource.kubernetes.io/pcieRoot"] == "pci0000:a8"
-    assert d0["resource.kubernetes.io/pciBusID"] == "0000:cb:00.0"
+    _, bdf, numa = TRN2_48XLARGE_GUIDE[0]  # a real neuron-ls listing
+    assert d0["resource.kubernetes.io/pciBusID"] == bdf and d0["numaNode"] == numa
+    assert d0["resource.kubernetes.io/pcieRoot"] == "pci0000:a8"  # the fake host's root of that bus
     assert d0["neuronDriverVersion"] == "2.25.4.0"
-    assert d0["numaNode"] == 0
 
 
 def test_unhealthy_devices_are_tainted(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 from cdi_schema import assert_valid_cdi_spec
-from hostcache import copy_host
+from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
@@ -65,9 +65,10 @@ class FakeReader:
 class Rig:
     """A fake host plus a driver wired to it; ``restart()`` builds a new driver on the same files."""
 
-    def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
-        self.host: FakeHost = copy_host(root / "host", instance_type)
-        self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
+    def __init__(self, root: Path, instance_type: str = "trn2.48xlarge", *, own_host: bool = False) -> None:
+        # The driver writes only below kubelet/ and cdi/: a test that changes the host asks for its own copy.
+        self.host: FakeHost = copy_host(root / "host", instance_type) if own_host else shared_host(instance_type)
+        self.paths = HostPaths(host_root=self.host.root, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                                device_plugins=root / "kubelet" / "device-plugins")
         self.reader = FakeReader()
         self.inventory: NeuronInventory = discover(self.paths)
@@ -182,7 +183,8 @@ def test_restart_restores_claims_and_recreates_missing_cdi_specs(rig: Rig) -> No
     assert rig.cdi.exists("u-1")
 
 
-def test_reboot_is_detected_and_specs_recreated(rig: Rig) -> None:
+def test_reboot_is_detected_and_specs_recreated(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, own_host=True)
     ref = rig.reader.add(make_claim("u-1", [0]))
     rig.prepare(ref)
     rig.cdi.remove("u-1")
@@ -259,7 +261,8 @@ def test_lnc_on_a_generation_without_lnc_is_an_error(tmp_path: Path) -> None:
     assert _env(rig.spec("u-2")) == {"NEURON_RT_VISIBLE_CORES": "0-3"}  # trn1: 2 cores per device
 
 
-def test_missing_device_cannot_be_prepared_and_health_reports_it(rig: Rig) -> None:
+def test_missing_device_cannot_be_prepared_and_health_reports_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, own_host=True)
     rig.host.remove_neuron(6)
     rig.inventory = discover(rig.paths)
     rig.driver.set_health(NeuronProfile().scan(rig.paths, "0.1.0").health)

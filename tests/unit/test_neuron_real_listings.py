@@ -3,6 +3,9 @@ interface as ../shared/reference/neuron.md section 1.3 describes it (not produce
 
 Each listing maps a host path to its content; ``->`` marks a symlink. ``core_count`` has no trailing newline and
 ``connected_devices`` is a comma+space list ending in a newline (an empty line when a device has no neighbours).
+
+The second half checks the fake hosts the instance catalog builds against real ``neuron-ls`` listings
+(tests/neuron_listings.py): PCI addresses, NUMA nodes and neighbours come from those listings, not from the catalog.
 """
 
 from __future__ import annotations
@@ -10,6 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hostcache import shared_host
+from neuron_listings import (
+    INF2_48XLARGE_BLOG,
+    TRN1_32XLARGE_HYPERPOD,
+    TRN1_32XLARGE_SDK,
+    TRN2_48XLARGE_DEVICE_13,
+    TRN2_48XLARGE_GUIDE,
+    Row,
+    bus,
+)
 
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import discover
@@ -87,3 +100,49 @@ def test_trn2_3xlarge_default_lnc_halves_the_cores(tmp_path: Path) -> None:
     del listing["/opt/aws/neuron/logical_nc_config"]
     inv = discover(materialize(listing, tmp_path))
     assert (inv.device(0).core_count, inv.lnc, inv.total_logical_cores()) == (8, 2, 4)
+
+
+# -- the catalog's fake hosts against real neuron-ls listings (tests/neuron_listings.py) -----------------------------
+
+
+def _rows(instance_type: str, root: Path) -> dict[int, tuple[tuple[int, ...], str | None, int | None]]:
+    inv = discover(HostPaths(host_root=shared_host(instance_type).root))
+    assert inv.all_problems() == []
+    return {d.index: (d.connected, d.pci_address, d.numa_node) for d in inv.devices}
+
+
+def test_trn2_48xlarge_addresses_numa_and_neighbours(tmp_path: Path) -> None:
+    rows = _rows("trn2.48xlarge", tmp_path)
+    assert sorted(rows) == sorted(TRN2_48XLARGE_GUIDE)
+    for index, (links, bdf, numa) in TRN2_48XLARGE_GUIDE.items():
+        ours, our_bdf, our_numa = rows[index]
+        assert (our_bdf, our_numa, set(ours)) == (bdf, numa, set(links)), index
+    assert rows[13] == TRN2_48XLARGE_DEVICE_13  # order too, as a real trn2.48xlarge prints it
+
+
+@pytest.mark.parametrize("listing", [TRN1_32XLARGE_HYPERPOD, TRN1_32XLARGE_SDK], ids=["hyperpod", "sdk"])
+def test_trn1_32xlarge_buses_numa_and_neighbours(tmp_path: Path, listing: dict[int, Row]) -> None:
+    rows = _rows("trn1.32xlarge", tmp_path)
+    assert sorted(rows) == sorted(listing)
+    for index, (links, bdf, numa) in listing.items():
+        ours, our_bdf, our_numa = rows[index]
+        assert ours == links, index
+        assert our_bdf is not None and bus(our_bdf) == bus(bdf), index  # the slot within a bus differs per instance
+        assert numa is None or our_numa == numa, index
+    assert {r[1] for r in rows.values()} == {r[1] for r in listing.values()}
+
+
+def test_inf2_48xlarge_buses_and_ring(tmp_path: Path) -> None:
+    rows = _rows("inf2.48xlarge", tmp_path)
+    assert sorted(rows) == sorted(INF2_48XLARGE_BLOG)
+    for index, (links, bdf, _) in INF2_48XLARGE_BLOG.items():
+        ours, our_bdf, _ = rows[index]
+        assert ours == links and our_bdf is not None and bus(our_bdf) == bus(bdf), index
+    assert {r[1] for r in rows.values()} == {r[1] for r in INF2_48XLARGE_BLOG.values()}
+
+
+def test_trn1_listings_agree_on_buses_and_differ_in_slots() -> None:
+    """Why the trn1 test compares buses: two real trn1.32xlarge instances put the same index on the same bus."""
+    hyper, sdk = TRN1_32XLARGE_HYPERPOD, TRN1_32XLARGE_SDK
+    assert all(bus(hyper[i][1]) == bus(sdk[i][1]) for i in hyper)
+    assert any(hyper[i][1] != sdk[i][1] for i in hyper)

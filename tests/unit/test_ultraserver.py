@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hostcache import copy_host, shared_host
 
 from accel_core.awsfacts.ultraserver import UltraServerIds, fake_ids, node_labels
 from accel_core.dra.config import OpaqueEntry
@@ -47,12 +48,18 @@ def class_attrs(root: Path) -> dict[str, str]:
 
 
 def us_host(tmp_path: Path, node: int = 2, name: str = "us-1") -> FakeHost:
-    return build_host(tmp_path / f"{name}-{node}", "trn2u.48xlarge", ultraserver_id=name, ultraserver_node=node)
+    """A copy of the node's tree that the test may change."""
+    return copy_host(tmp_path / f"{name}-{node}", "trn2u.48xlarge", ultraserver_id=name, ultraserver_node=node)
+
+
+def us_shared(node: int = 2, name: str = "us-1") -> FakeHost:
+    """The node's tree, read-only (built by the fake-host builder once per session)."""
+    return shared_host("trn2u.48xlarge", ultraserver_id=name, ultraserver_node=node)
 
 
 # -- fake hosts ------------------------------------------------------------------------------------------------------
-def test_four_nodes_of_one_ultraserver_are_consistent(tmp_path: Path) -> None:
-    nodes = [class_attrs(us_host(tmp_path, k).root) for k in range(4)]
+def test_four_nodes_of_one_ultraserver_are_consistent() -> None:
+    nodes = [class_attrs(us_shared(k).root) for k in range(4)]
     assert {n["server_id_4"] for n in nodes} == {nodes[0]["server_id_4"]}  # one 4-node set
     assert [n["node_id_4"] for n in nodes] == ["0\n", "1\n", "2\n", "3\n"]
     pairs = [n["server_id_2"] for n in nodes]
@@ -62,13 +69,13 @@ def test_four_nodes_of_one_ultraserver_are_consistent(tmp_path: Path) -> None:
         for key in ("server_id_2", "server_id_4"):
             assert len(n[key].strip()) == 16 and int(n[key], 16) != 0
         assert sorted(n["ultraserver_mode"].strip().split(",")) == ["1", "2", "3", "4"]
-    other = class_attrs(us_host(tmp_path, 0, "us-2").root)
+    other = class_attrs(us_shared(0, "us-2").root)
     assert other["server_id_4"] != nodes[0]["server_id_4"]
 
 
 @pytest.mark.parametrize("instance_type", ["trn2u.48xlarge", "trn2.48xlarge", "trn1.32xlarge", "inf2.48xlarge"])
-def test_standalone_nodes_report_no_ultraserver(tmp_path: Path, instance_type: str) -> None:
-    host = build_host(tmp_path / "h", instance_type)
+def test_standalone_nodes_report_no_ultraserver(instance_type: str) -> None:
+    host = shared_host(instance_type)
     assert class_attrs(host.root) == {"node_id_2": "-1\n", "node_id_4": "-1\n", "server_id_2": "0000000000000000\n",
                                       "server_id_4": "0000000000000000\n", "ultraserver_mode": "\n"}
     assert discover(HostPaths(host.root)).ultraserver is None
@@ -100,8 +107,8 @@ def test_mutation_api_writes_busy_and_standalone_values(tmp_path: Path) -> None:
 
 
 # -- discovery -------------------------------------------------------------------------------------------------------
-def test_discovery_reads_the_ids(tmp_path: Path) -> None:
-    host = us_host(tmp_path, 3)
+def test_discovery_reads_the_ids() -> None:
+    host = us_shared(3)
     files = class_attrs(host.root)
     ids = discover(HostPaths(host.root)).ultraserver
     assert ids == UltraServerIds(server_id_2=files["server_id_2"].strip(), node_id_2=1,
@@ -190,8 +197,8 @@ def test_pool_on_an_ultraserver_node(tmp_path: Path) -> None:
     assert not scan.health["neuron-node"].healthy
 
 
-def test_pool_on_a_standalone_node_is_unchanged(tmp_path: Path) -> None:
-    host = build_host(tmp_path / "h", "trn2u.48xlarge")
+def test_pool_on_a_standalone_node_is_unchanged() -> None:
+    host = shared_host("trn2u.48xlarge")
     scan = NeuronProfile().scan(HostPaths(host.root), "1.0.0")
     assert len(scan.devices) == 16 and not any(d.consumes for d in scan.devices) and scan.counters == ()
     assert scan.node_labels == dict.fromkeys(LABELS)
@@ -214,8 +221,8 @@ def test_both_config_kinds_apply_to_one_request() -> None:
     (3, 2, {"NEURON_RT_ULTRASERVER_MODE": "2", "NEURON_RT_ULTRASERVER_NODE_ID": "1", "NEURON_GLOBAL_TOPOID": "1"}),
     (3, 1, {"NEURON_RT_ULTRASERVER_MODE": "4", "NEURON_RT_ULTRASERVER_NODE_ID": "0", "NEURON_GLOBAL_TOPOID": "0"}),
 ])
-def test_prepare_sets_the_runtime_env(tmp_path: Path, node: int, mode: int, env: dict[str, str]) -> None:
-    host = us_host(tmp_path, node)
+def test_prepare_sets_the_runtime_env(node: int, mode: int, env: dict[str, str]) -> None:
+    host = us_shared(node)
     files = class_attrs(host.root)
     inv = discover(HostPaths(host.root))
     edits = NeuronProfile().container_edits(inv, "node", ["neuron-node"], NeuronConfig(ultraserver_mode=mode))
@@ -246,15 +253,15 @@ def test_prepare_refuses_what_the_node_cannot_do(tmp_path: Path, modes: tuple[in
         NeuronProfile().container_edits(inv, "node", devices, NeuronConfig(ultraserver_mode=mode))
 
 
-def test_node_device_without_config_is_all_chips_without_ultraserver_env(tmp_path: Path) -> None:
-    inv = discover(HostPaths(us_host(tmp_path).root))
+def test_node_device_without_config_is_all_chips_without_ultraserver_env() -> None:
+    inv = discover(HostPaths(us_shared().root))
     edits = NeuronProfile().container_edits(inv, "node", ["neuron-node"], NeuronConfig())
     assert dict(edits.request.env) == {"NEURON_RT_VISIBLE_CORES": "0-63"}
 
 
 # -- listings --------------------------------------------------------------------------------------------------------
-def test_device_plugin_listing_shows_the_ultraserver(tmp_path: Path) -> None:
-    host = us_host(tmp_path, 1)
+def test_device_plugin_listing_shows_the_ultraserver() -> None:
+    host = us_shared(1)
     files = class_attrs(host.root)
     inv = discover(HostPaths(host.root))
     report = json.loads(json.dumps(inventory_report(inv)))
@@ -263,14 +270,13 @@ def test_device_plugin_listing_shows_the_ultraserver(tmp_path: Path) -> None:
     assert report["node_labels"][LABELS[0]] == "1_2_4"
     table = inventory_table(inv)
     assert f"ultraserver: server-id-4 {files['server_id_4'].strip()} node-id-4 1" in table
-    standalone = discover(HostPaths(build_host(tmp_path / "s", "trn2u.48xlarge").root))
+    standalone = discover(HostPaths(shared_host("trn2u.48xlarge").root))
     assert inventory_report(standalone)["ultraserver"] is None
     assert "ultraserver: none" in inventory_table(standalone)
 
 
-def test_slices_command_prints_the_node_device_and_its_counter(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    host = us_host(tmp_path, 3)
+def test_slices_command_prints_the_node_device_and_its_counter(capsys: pytest.CaptureFixture[str]) -> None:
+    host = us_shared(3)
     assert dra_cli.main(["slices", "--host-root", str(host.root), "--node-name", "n1"]) == 0
     slices = json.loads(capsys.readouterr().out)
     assert slices[0]["spec"]["sharedCounters"] == [{"name": "neuron-chips", "counters": {"chips": {"value": "16"}}}]
