@@ -312,7 +312,10 @@ def terminate_processes(procs: Sequence[psutil.Process], timeout: float) -> None
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    psutil.wait_procs(alive, timeout=5)
+    # a killed process still in an fsync (etcd on a busy disk) exits only when the write returns
+    _, stuck = psutil.wait_procs(alive, timeout=30)
+    for p in stuck:
+        print(f"process {p.pid} still running 30 s after SIGKILL", file=sys.stderr)
 
 
 def stop_recorded(state_dir: Path, timeout: float = 15.0) -> list[str]:
