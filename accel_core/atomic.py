@@ -38,11 +38,14 @@ def is_temp_name(name: str) -> bool:
     return _TEMP_NAME.fullmatch(name) is not None
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, sync_dir: bool = True) -> None:
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, sync_dir: bool = True,
+                      durable: bool = True) -> None:
     """Replace ``path`` with ``text`` so that readers see the old or the new content, never a mix.
 
     ``sync_dir=False`` skips the directory sync that makes the rename durable: the caller then calls
-    :func:`fsync_dir` once after several writes to one directory."""
+    :func:`fsync_dir` once after several writes to one directory. ``durable=False`` skips both syncs: still
+    atomic for readers and across a killed process, but a power loss may lose the file (for files the caller can
+    re-create from a durable source, such as CDI specs from the checkpoint)."""
     path = Path(path)
     _clean_once(path.parent)
     fd, tmp = _locked_temp(path)
@@ -50,14 +53,15 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, sync_dir: boo
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
             os.chmod(tmp, mode)
             os.replace(tmp, path)  # still holding the lock: nobody can take the file for a leftover
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if sync_dir:
+    if sync_dir and durable:
         fsync_dir(path.parent)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from accel_core.atomic import atomic_write_text, fsync_dir
+from accel_core.atomic import atomic_write_text
 from accel_core.edits import ContainerEdits
 
 #: The minimum version for what this writer emits: device-node ``hostPath`` and device names that start with a
@@ -79,32 +79,40 @@ class CdiSpecWriter:
         if not count:
             raise CdiError(f"CDI spec {self.spec_path(spec_id)} would have no devices")
 
-    def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
-              common: ContainerEdits | None = None, *, sync_dir: bool = True) -> list[str]:
-        """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs.
-
-        ``sync_dir=False`` leaves the directory sync to a later :meth:`sync` (several specs, one sync)."""
+    def render(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
+               common: ContainerEdits | None = None) -> tuple[str, list[str]]:
+        """The spec file's text for ``spec_id`` and the fully qualified device IDs (CdiError for bad names)."""
         devices = list(devices)
         self.check(spec_id, (name for name, _ in devices))
         entries = [{"name": name, "containerEdits": _edits_json(edits)} for name, edits in devices]
-        ids = [self.qualified(name) for name, _ in devices]
         spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": entries}
         if common is not None:
             spec["containerEdits"] = _edits_json(common)
+        return json.dumps(spec, indent=2) + "\n", [self.qualified(name) for name, _ in devices]
+
+    def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
+              common: ContainerEdits | None = None) -> list[str]:
+        """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs.
+
+        Atomic (temp file and rename) but not synced to disk: a spec is derived state, re-created from the durable
+        checkpoint at start (the CDI root is a tmpfs on most hosts anyway), so a power loss that eats it costs
+        nothing, and a prepare does not pay a sync per spec."""
+        text, ids = self.render(spec_id, devices, common)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.spec_path(spec_id), json.dumps(spec, indent=2) + "\n", mode=0o644,
-                              sync_dir=sync_dir)
+            atomic_write_text(self.spec_path(spec_id), text, mode=0o644, durable=False)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {self.spec_path(spec_id)}: {exc}") from exc
         return ids
 
-    def sync(self) -> None:
-        """Make the renames of specs written with ``sync_dir=False`` durable."""
+    def matches(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
+                common: ContainerEdits | None = None) -> bool:
+        """True when the spec file holds exactly what :meth:`write` would write (False if missing or damaged)."""
+        text, _ = self.render(spec_id, devices, common)
         try:
-            fsync_dir(self.root)
-        except OSError as exc:
-            raise CdiError(f"cannot sync the CDI directory {self.root}: {exc}") from exc
+            return self.spec_path(spec_id).read_text() == text
+        except (OSError, UnicodeDecodeError):
+            return False
 
     def read(self, spec_id: str) -> dict[str, Any] | None:
         path = self.spec_path(spec_id)

@@ -31,8 +31,12 @@ class Checkpoint:
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def _canonical(body: dict[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
 def _checksum(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(_canonical(body).encode()).hexdigest()
 
 
 class CheckpointFile:
@@ -67,10 +71,12 @@ class CheckpointFile:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc}") from exc
 
     def save(self, checkpoint: Checkpoint) -> None:
-        body = {"version": CHECKPOINT_VERSION, "bootId": checkpoint.boot_id, "claims": checkpoint.claims}
-        doc = {"checksum": _checksum(body), "body": body}
+        """Write atomically and durably (one file sync, one directory sync). The body is serialized once, in the
+        canonical form its checksum covers (compact, sorted keys), and spliced into the document."""
+        body = _canonical({"version": CHECKPOINT_VERSION, "bootId": checkpoint.boot_id, "claims": checkpoint.claims})
+        checksum = hashlib.sha256(body.encode()).hexdigest()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(self.path, f'{{"body":{body},"checksum":"{checksum}"}}\n')
 
 
 def read_boot_id(host_root: Path) -> str:

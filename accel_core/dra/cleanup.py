@@ -1,6 +1,6 @@
 """Unprepare checkpoint entries whose claims the API server says are gone, replaced, or no longer allocated here.
 
-An entry can outlive its claim: the driver crashed mid-prepare (``PrepareStarted``) and the kubelet never came
+An entry can outlive its claim: an earlier version crashed mid-prepare (``PrepareStarted``) and the kubelet never came
 back, or the Pod was force-deleted while the driver was down so the kubelet never called unprepare. Such an entry
 would reserve its devices forever ("already prepared for another claim").
 

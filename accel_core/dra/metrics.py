@@ -22,6 +22,12 @@ class DriverMetrics:
             f"{prefix}_prepare_local_duration_seconds",
             "Prepare time without the API read (config, checkpoint, CDI spec)", registry=reg,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
+        self.prepare_phase_seconds = Histogram(
+            f"{prefix}_prepare_phase_duration_seconds",
+            "Time one prepare request spent in each phase: guard (device-plugin check), read (claims from the API "
+            "server, all at once), plan (config, edits, conflict checks), cdi (spec files), checkpoint (the one "
+            "durable write)", ["phase"], registry=reg,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
         self.devices = Gauge(f"{prefix}_devices", "Devices this driver publishes on this node", registry=reg)
         self.device_healthy = Gauge(f"{prefix}_device_healthy", "1 when the device is healthy, 0 otherwise",
                                     ["device"], registry=reg)

@@ -20,7 +20,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,10 @@ from accel_core.paths import HostPaths, check_socket_path
 log = logging.getLogger(__name__)
 
 HEALTH_MESSAGE_MAX = 1024
+
+Results = dict[str, tuple[list[PreparedDevice], str]]
+#: A handler's whole-request call: claim UID -> its devices (``[]`` for unprepare) or its exception.
+Batch = Callable[[list[ClaimRef]], Awaitable[Mapping[str, Any]]]
 
 
 class DraMetrics:
@@ -176,32 +180,53 @@ class DraPlugin:
     async def prepare_claims(self, claims: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
         """Prepare the claims of one request (together when the handler can, else one at a time); each UID maps to
         (devices, error)."""
-        batch = getattr(self.handler, "prepare_batch", None)
-        if batch is None or len(claims) < 2:
-            return await self._serialized("prepare", claims, self.handler.prepare)
-        results: dict[str, list[PreparedDevice] | Exception] = {}
-
-        async def all_at_once() -> None:
-            results.update(await batch(claims))
-
-        async def one(claim: ClaimRef) -> list[PreparedDevice]:
-            if not results:
-                await all_at_once()  # the first claim's turn does the whole request, under the locks
-            result = results.get(claim.uid)
-            if result is None:
-                return await self.handler.prepare(claim)
-            if isinstance(result, Exception):
-                raise result
-            return result
-
-        return await self._serialized("prepare", claims, one)
+        return await self._batched("prepare", claims, getattr(self.handler, "prepare_batch", None),
+                                   self.handler.prepare)
 
     async def unprepare_claims(self, claims: list[ClaimRef]) -> dict[str, tuple[list[PreparedDevice], str]]:
+        """Unprepare the claims of one request (together when the handler can, else one at a time)."""
         async def one(claim: ClaimRef) -> list[PreparedDevice]:
             await self.handler.unprepare(claim)
             return []
 
-        return await self._serialized("unprepare", claims, one)
+        unprepare_batch = getattr(self.handler, "unprepare_batch", None)
+
+        async def batch(refs: list[ClaimRef]) -> Mapping[str, Any]:
+            assert unprepare_batch is not None
+            return {uid: [] if result is None else result for uid, result in (await unprepare_batch(refs)).items()}
+
+        return await self._batched("unprepare", claims, batch if unprepare_batch else None, one)
+
+    async def _batched(self, operation: str, claims: list[ClaimRef], batch: Batch | None,
+                       one: Callable[[ClaimRef], Awaitable[list[PreparedDevice]]]) -> Results:
+        """Serialized calls; with ``batch`` (UID -> devices or exception) the first claim's turn does the whole
+        request under the locks, and per-claim results, metrics and logs follow as if one at a time."""
+        if batch is None or len(claims) < 2:
+            return await self._serialized(operation, claims, one)
+        results: dict[str, Any] = {}
+        asked = False
+
+        async def from_batch(claim: ClaimRef) -> list[PreparedDevice]:
+            nonlocal asked
+            if not asked:
+                asked = True
+                results.update(await batch(claims))
+            result = results.get(claim.uid)
+            if result is None:  # not in the answer (or the batch failed): on its own
+                return await one(claim)
+            if isinstance(result, Exception):
+                raise result
+            devices: list[PreparedDevice] = result
+            return devices
+
+        return await self._serialized(operation, claims, from_batch)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the locks prepares and unprepares hold (for work at start that must not interleave with another
+        pod's prepare during a rolling update, such as removing orphan CDI specs)."""
+        async with self._lock, self._file_lock.held() if self._file_lock else contextlib.nullcontext():
+            yield
 
     async def _serialized(
         self, operation: str, claims: list[ClaimRef], fn: Callable[[ClaimRef], Any]
@@ -209,29 +234,27 @@ class DraPlugin:
         out: dict[str, tuple[list[PreparedDevice], str]] = {}
         if not claims:
             return out
-        async with self._lock:
-            lock_ctx = self._file_lock.held() if self._file_lock else contextlib.nullcontext()
-            async with lock_ctx:
-                for claim in claims:
-                    start = time.perf_counter()
-                    try:
-                        devices = await fn(claim)
-                        out[claim.uid] = (devices, "")
-                        result = "ok"
-                    except ClaimError as exc:
-                        out[claim.uid] = ([], f"{operation} claim {claim}: {exc}")
-                        result = "error"
-                    except Exception as exc:  # never fail the RPC for one claim's bug
-                        log.exception("unexpected error", extra=kv(driver=self.driver, claim=str(claim)))
-                        out[claim.uid] = ([], f"{operation} claim {claim}: internal error: {exc}")
-                        result = "error"
-                    elapsed = time.perf_counter() - start
-                    self.metrics.requests.labels(self.driver, operation, result).inc()
-                    self.metrics.seconds.labels(self.driver, operation).observe(elapsed)
-                    level = logging.INFO if result == "ok" else logging.WARNING
-                    log.log(level, f"{operation} {result}", extra=kv(
-                        driver=self.driver, claim=str(claim), devices=len(out[claim.uid][0]),
-                        seconds=round(elapsed, 4), error=out[claim.uid][1] or None))
+        async with self.exclusive():
+            for claim in claims:
+                start = time.perf_counter()
+                try:
+                    devices = await fn(claim)
+                    out[claim.uid] = (devices, "")
+                    result = "ok"
+                except ClaimError as exc:
+                    out[claim.uid] = ([], f"{operation} claim {claim}: {exc}")
+                    result = "error"
+                except Exception as exc:  # never fail the RPC for one claim's bug
+                    log.exception("unexpected error", extra=kv(driver=self.driver, claim=str(claim)))
+                    out[claim.uid] = ([], f"{operation} claim {claim}: internal error: {exc}")
+                    result = "error"
+                elapsed = time.perf_counter() - start
+                self.metrics.requests.labels(self.driver, operation, result).inc()
+                self.metrics.seconds.labels(self.driver, operation).observe(elapsed)
+                level = logging.INFO if result == "ok" else logging.WARNING
+                log.log(level, f"{operation} {result}", extra=kv(
+                    driver=self.driver, claim=str(claim), devices=len(out[claim.uid][0]),
+                    seconds=round(elapsed, 4), error=out[claim.uid][1] or None))
         return out
 
     # -- health --------------------------------------------------------------------------------------------------
@@ -248,9 +271,6 @@ class DraPlugin:
                 await self._health_cond.wait_for(lambda: self._health_version != seen[0])
                 seen[0] = self._health_version
             yield self.handler.health() or []
-
-
-Results = dict[str, tuple[list[PreparedDevice], str]]
 
 
 def _prepare_v1(result: Results) -> d1.NodePrepareResourcesResponse:

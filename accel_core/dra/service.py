@@ -3,7 +3,8 @@ probe, the stale-claim cleaner and the host watcher together on one event loop.
 
 Host scans, the checkpoint load and CDI restores run in a worker thread; the event loop only waits for them.
 
-Start-up order: scan the host, load the checkpoint and re-create lost CDI specs, serve the DRA and registration
+Start-up order: scan the host, load the checkpoint, re-create lost or damaged CDI specs and remove orphan ones
+(under the plugin's locks, so never in the middle of another pod's prepare), serve the DRA and registration
 sockets, start the liveness service, hand the complete device list to the publisher. Afterwards every host
 change (inotify on the profile's watch paths, udev, and a periodic rescan that also catches counters and /dev
 nodes) re-scans; the publisher writes only if the published content changed, and the kubelet's health stream
@@ -163,10 +164,13 @@ class DraService:
         else:
             log.info("no devices on this node; publishing no ResourceSlices and staying up",
                      extra=kv(driver=self.driver_name, node=self.node_name, host_root=str(self.paths.host_root)))
-        loaded = await asyncio.to_thread(self.store.load)
-        restored = await asyncio.to_thread(self.driver.restore)
+        async with self.plugin.exclusive():  # another pod of a rolling update may be mid-prepare
+            loaded = await asyncio.to_thread(self.store.load)
+            restored = await asyncio.to_thread(self.driver.restore)
+            orphans = await asyncio.to_thread(self.driver.remove_orphan_specs)
         log.info("checkpoint loaded", extra=kv(path=str(self.store.path), claims=loaded.claims,
-                                               rebooted=loaded.rebooted, cdi_specs_recreated=len(restored)))
+                                               rebooted=loaded.rebooted, cdi_specs_recreated=len(restored),
+                                               orphan_cdi_specs_removed=len(orphans)))
         self.driver.set_health(self._health())
         await self.plugin.start()
         if self.liveness is not None:

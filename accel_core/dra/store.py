@@ -1,8 +1,8 @@
 """Prepared claims in memory, mirrored to an atomic checkpoint file on every change.
 
-Entries go through ``PrepareStarted`` (devices reserved, CDI spec maybe not written yet) to ``PrepareCompleted``.
-Both states reserve their devices: a crash in the middle of a prepare never frees a device that a container may
-already have been promised. The file carries the boot ID, so a restore can tell a restart from a reboot.
+A prepare records its claims ``PrepareCompleted`` once their CDI specs are written, with one write per request.
+``PrepareStarted`` entries (written by earlier versions before the CDI spec) are still read, and reserve their
+devices like completed ones. The file carries the boot ID, so a restore can tell a restart from a reboot.
 
 A corrupt or unreadable checkpoint is not guessed around: :attr:`ClaimStore.error` is set, prepares fail with
 that message (fail closed), and unprepares still remove CDI specs (lenient).
@@ -99,10 +99,19 @@ class ClaimStore:
             raise
 
     def remove(self, uid: str) -> PreparedClaim | None:
-        claim = self._claims.pop(uid, None)
-        if claim is not None:
-            self._save()
-        return claim
+        return self.remove_many([uid]).get(uid)
+
+    def remove_many(self, uids: Sequence[str]) -> dict[str, PreparedClaim]:
+        """Drop the entries that exist with one checkpoint write; returns them (OSError propagates, and then every
+        entry is kept, so a retry writes again)."""
+        removed = {uid: self._claims.pop(uid) for uid in dict.fromkeys(uids) if uid in self._claims}
+        if removed:
+            try:
+                self._save()
+            except OSError:
+                self._claims.update(removed)
+                raise
+        return removed
 
     def _save(self) -> None:
         self.file.save(Checkpoint(self.boot_id, {uid: c.to_json() for uid, c in self._claims.items()}))

@@ -240,11 +240,18 @@ def test_restart_restores_claims_and_lost_specs(short_tmp: Path) -> None:
             first: Any = await conn.prepare(("ns", "u-1", "c1"))
             assert first["u-1"].error == ""
             await conn.close()
-        (rig.paths.cdi_root / "k8s.neuron.aws.com-claim_u-1.json").unlink()  # the node rebooted: /var/run is empty
+        spec_u1 = rig.paths.cdi_root / "k8s.neuron.aws.com-claim_u-1.json"
+        # a prepare killed after its spec and before its checkpoint write left an orphan spec (and a temp file)
+        orphan = rig.paths.cdi_root / "k8s.neuron.aws.com-claim_u-killed.json"
+        orphan.write_bytes(spec_u1.read_bytes())
+        temp = rig.paths.cdi_root / ".tmp-k8s.neuron.aws.com-claim_u-killed.json-abcd1234"
+        temp.write_text("{")
+        spec_u1.unlink()  # the node rebooted: /var/run is empty
         rig.host.set_boot_id("00000000-1111-2222-3333-444444444444")
         rig.reader.claims.clear()  # and nothing may be read again
         async with rig.running(pod_uid="pod-2") as service:
             assert [c.uid for c in service.store.claims()] == ["u-1"]
+            assert not orphan.exists() and not temp.exists(), "start removed what no checkpoint entry refers to"
             spec = _spec(rig.paths, "u-1")
             assert [n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])] == [
                 f"/dev/neuron{i}" for i in range(4)]

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import multiprocessing
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,9 @@ from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
+from accel_core import atomic
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
-from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
 from accel_core.dra.cleanup import StaleClaimCleaner
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.metrics import DriverMetrics
@@ -25,6 +29,7 @@ from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
+from accel_core.edits import ContainerEdits
 from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory, discover
@@ -82,6 +87,7 @@ class Rig:
         self.driver = DraDriver(NeuronProfile(), node_name=NODE, reader=self.reader, cdi=self.cdi, store=self.store,
                                    inventory=lambda: self.inventory)
         self.restored = self.driver.restore()
+        self.orphans = self.driver.remove_orphan_specs()  # as the service does at start
 
     def prepare(self, ref: ClaimRef) -> Any:
         return asyncio.run(self.driver.prepare(ref))
@@ -196,7 +202,7 @@ def test_reboot_is_detected_and_specs_recreated(tmp_path: Path) -> None:
     assert body["bootId"] == "11111111-2222-3333-4444-555555555555"
 
 
-def test_interrupted_prepare_keeps_devices_reserved(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_cdi_write_records_nothing(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     ref = rig.reader.add(make_claim("u-1", [2]))
 
     def disk_full(*args: Any, **kwargs: Any) -> list[str]:
@@ -206,14 +212,136 @@ def test_interrupted_prepare_keeps_devices_reserved(rig: Rig, monkeypatch: pytes
         m.setattr(rig.cdi, "write", disk_full)
         with pytest.raises(ClaimError, match="cannot record the prepared claim: .*No space left"):
             rig.prepare(ref)
-    assert rig.store.get("u-1").state == STATE_STARTED  # type: ignore[union-attr]
-    rig.restart()  # as after a crash at that point
-    other = rig.reader.add(make_claim("u-2", [2], name="other"))
-    with pytest.raises(ClaimError, match="already prepared"):
-        rig.prepare(other)
+    assert rig.store.get("u-1") is None  # nothing was answered, so nothing is reserved
+    rig.restart()
+    assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
     rig.prepare(ref)  # the kubelet's retry completes it
     assert rig.store.get("u-1").state == STATE_COMPLETED  # type: ignore[union-attr]
     assert rig.cdi.exists("u-1")
+
+
+def test_failed_checkpoint_write_removes_the_spec(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = rig.reader.add(make_claim("u-1", [2]))
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(rig.store.file, "save", disk_full)
+        with pytest.raises(ClaimError, match=r"cannot record the prepared claim in checkpoint .*No space left"):
+            rig.prepare(ref)
+    assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
+    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    assert rig.prepare(other)[0].device == "neuron-device-2"
+
+
+# Where a SIGKILL lands in a one-claim prepare: before or after the rename of the CDI spec or of the checkpoint into
+# place, or after the checkpoint directory's sync; and whether the claim is then recorded (the checkpoint decides).
+KILL_POINTS = {
+    "cdi-temp-written": ("spec", "before", False),
+    "cdi-spec-renamed": ("spec", "after", False),
+    "checkpoint-temp-synced": ("checkpoint", "before", False),
+    "checkpoint-renamed": ("checkpoint", "after", True),
+    "checkpoint-dir-synced": ("checkpoint-dir", "after", True),
+}
+
+
+def _prepare_then_die(rig: Rig, ref: ClaimRef, target: str, when: str) -> None:
+    """In a forked child: run the prepare and SIGKILL this process around the chosen rename or sync."""
+    paths = {"spec": str(rig.cdi.spec_path(ref.uid)), "checkpoint": str(rig.store.path)}
+    real_replace, real_sync_dir = os.replace, atomic.fsync_dir
+
+    def replace(src: Any, dst: Any) -> None:
+        hit = str(dst) == paths.get(target)
+        if hit and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        real_replace(src, dst)
+        if hit:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def sync_dir(directory: Path) -> None:
+        real_sync_dir(directory)
+        if target == "checkpoint-dir" and Path(directory) == rig.store.path.parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.replace = replace  # type: ignore[assignment]
+    atomic.fsync_dir = sync_dir  # type: ignore[assignment]
+    rig.prepare(ref)
+    os._exit(3)  # the kill point was never reached
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_kill_anywhere_in_a_prepare_is_repaired_at_start(rig: Rig, point: str) -> None:
+    """A real SIGKILL of a process in the middle of a prepare; the next start (same files) must leave no orphan
+    spec and no temp file, and either no trace of the claim (the kubelet got no answer and prepares it again) or a
+    completed entry with its spec and its devices held."""
+    target, when, recorded = KILL_POINTS[point]
+    ref = rig.reader.add(make_claim("u-1", [2]))
+    rig.prepare(rig.reader.add(make_claim("u-0", [0], name="earlier")))  # a claim prepared before stays intact
+    child = multiprocessing.get_context("fork").Process(target=_prepare_then_die, args=(rig, ref, target, when))
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL, f"the child was not killed at {point} (exit code {child.exitcode})"
+    rig.restart()
+    assert not list(rig.paths.cdi_root.glob(".tmp-*")) and not list(rig.store.path.parent.glob(".tmp-*"))
+    entries = {c.uid for c in rig.store.claims()}
+    assert set(rig.cdi.spec_ids()) == entries, "every spec has an entry and every entry a spec"
+    for claim in rig.store.claims():
+        assert rig.cdi.matches(claim.uid, claim.cdi_devices())
+    assert "u-0" in entries and ("u-1" in entries) == recorded
+    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    if "u-1" in entries:
+        with pytest.raises(ClaimError, match="already prepared"):
+            rig.prepare(other)
+        reads = rig.reader.reads
+        assert rig.prepare(ref)[0].device == "neuron-device-2" and rig.reader.reads == reads
+    else:
+        assert rig.prepare(other)[0].device == "neuron-device-2", "the device was never handed out"
+
+
+def test_start_removes_orphan_specs_and_rewrites_damaged_ones(rig: Rig) -> None:
+    ref = rig.reader.add(make_claim("u-1", [1]))
+    rig.prepare(ref)
+    good = rig.cdi.spec_path("u-1").read_text()
+    rig.cdi.spec_path("u-1").write_text(good[: len(good) // 2])  # as a power loss could leave it
+    orphan = rig.cdi.spec_path("u-gone")
+    orphan.write_text(good)
+    foreign = rig.paths.cdi_root / "k8s.other.example.com-claim_u-x.json"  # another driver's spec: not ours
+    foreign.write_text(good)
+    rig.restart()
+    assert rig.restored == ["u-1"] and rig.orphans == ["u-gone"]
+    assert rig.cdi.spec_path("u-1").read_text() == good
+    assert not orphan.exists() and foreign.exists()
+
+
+def test_orphan_specs_stay_while_the_checkpoint_is_unusable(rig: Rig) -> None:
+    rig.prepare(rig.reader.add(make_claim("u-1", [1])))
+    rig.store.path.write_text("garbage")
+    rig.restart()
+    assert rig.store.error and rig.orphans == [] and rig.cdi.exists("u-1")
+
+
+def test_a_started_entry_of_an_older_version_keeps_its_devices(rig: Rig) -> None:
+    """``PrepareStarted`` (written by earlier versions before the CDI spec) still reserves the devices, its spec
+    is no orphan, and the kubelet's retry completes it."""
+    ref = rig.reader.add(make_claim("u-1", [2]))
+    _started_entry(rig, ref, 2)
+    rig.cdi.write("u-1", [("u-1-neuron-device-2", ContainerEdits())])
+    rig.restart()
+    assert rig.orphans == [] and rig.cdi.exists("u-1")
+    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    with pytest.raises(ClaimError, match="already prepared"):
+        rig.prepare(other)
+    rig.prepare(ref)
+    assert rig.store.get("u-1").state == STATE_COMPLETED  # type: ignore[union-attr]
+
+
+def _started_entry(rig: Rig, ref: ClaimRef, device: int) -> None:
+    """A ``PrepareStarted`` entry as an earlier version wrote it before the CDI spec."""
+    entry = {"state": STATE_STARTED, "namespace": ref.namespace, "name": ref.name, "pool": NODE,
+             "requests": [{"name": "neurons", "devices": [f"neuron-device-{device}"], "deviceEdits": {},
+                           "edits": {}}]}
+    CheckpointFile(rig.store.path).save(Checkpoint(read_boot_id(rig.paths.host_root), {ref.uid: entry}))
 
 
 def test_corrupt_checkpoint_fails_closed_for_prepare_only(rig: Rig) -> None:
@@ -370,16 +498,9 @@ def test_cleanup_keeps_everything_when_the_api_server_fails(
     assert sorted(cleaned) == [("u-1", "deleted"), ("u-2", "deleted")]
 
 
-def test_cleanup_frees_the_devices_of_an_interrupted_prepare(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cleanup_frees_the_devices_of_an_interrupted_prepare(rig: Rig) -> None:
     ref = rig.reader.add(make_claim("u-1", [2]))
-
-    def crash(*args: Any, **kwargs: Any) -> list[str]:
-        raise CdiError("cannot write CDI spec: driver killed")
-
-    with monkeypatch.context() as m:
-        m.setattr(rig.cdi, "write", crash)
-        with pytest.raises(ClaimError):
-            rig.prepare(ref)
+    _started_entry(rig, ref, 2)  # an earlier version was killed mid-prepare
     rig.restart()
     assert rig.store.get("u-1").state == STATE_STARTED  # type: ignore[union-attr]
     other = rig.reader.add(make_claim("u-2", [2], name="other"))

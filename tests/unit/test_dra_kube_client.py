@@ -1,0 +1,78 @@
+"""The DRA driver's API client (``accel_core.dra.cli.kube_client``): TLS and client certificate from the kubeconfig,
+and one kept-alive connection for claim reads that come more than the HTTP client's default 5 s apart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from pathlib import Path
+
+import pytest
+from lightkube.resources.resource_v1 import ResourceClaim
+
+from accel_core.devtools.controlplane import ADMIN_USER, _cert_user, generate_pki, write_kubeconfig
+from accel_core.dra.cli import kube_client
+
+CLAIM = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+         "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"}, "spec": {"devices": {}}}
+
+
+class TlsApi:
+    """A bare HTTPS/1.1 server that needs a client certificate from the CA; answers every GET with one claim and
+    keeps the connection open, counting connections."""
+
+    def __init__(self, cert: Path, key: Path, ca: Path) -> None:
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca))
+        self.ctx.load_cert_chain(str(cert), str(key))
+        self.ctx.verify_mode = ssl.CERT_REQUIRED
+        self.connections = 0
+        self.peers: list[str] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.ctx)
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        cert = writer.get_extra_info("peercert") or {}
+        self.peers.append(dict(x[0] for x in cert.get("subject", ())).get("commonName", ""))
+        body = json.dumps(CLAIM).encode()
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client closed, or the test is over
+        finally:
+            writer.close()
+
+
+def test_claim_reads_reuse_one_connection_across_idle_gaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    pki = generate_pki(tmp_path / "pki")
+    api = TlsApi(pki.apiserver_cert, pki.apiserver_key, pki.ca_cert)
+
+    async def scenario() -> None:
+        port = await api.start()
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", pki.ca_cert, "admin",
+                                      _cert_user(*pki.client("admin")))
+        client = kube_client(str(kubeconfig), "test")
+        try:
+            first = await client.get(ResourceClaim, "c", namespace="ns")
+            await asyncio.sleep(6)  # longer than the HTTP client's default keep-alive of 5 s
+            second = await client.get(ResourceClaim, "c", namespace="ns")
+        finally:
+            await client.close()
+            assert api.server is not None
+            api.server.close()
+        assert first.metadata is not None and first.metadata.uid == "u-1"
+        assert second.metadata is not None and second.metadata.uid == "u-1"
+
+    asyncio.run(scenario())
+    assert api.connections == 1, "the second read reused the first connection"
+    assert api.peers == [ADMIN_USER], "the client certificate of the kubeconfig was presented"
