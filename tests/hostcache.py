@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from accel_core.fakehost import FakeHost, build_host
@@ -81,17 +82,23 @@ def shared_host(instance_type: str, *, efa: bool = True, lnc: int | None = None,
     return FakeHost.attach(pristine)
 
 
-def fingerprint(root: Path) -> Fingerprint:
-    """Every entry below ``root`` with its type+mode, size, mtime and ctime (no symlink is followed)."""
-    out: Fingerprint = {}
+def tree_entries(root: Path) -> Iterator[os.DirEntry[str]]:
+    """Every entry below ``root``, directories before what they hold; no symlink is followed."""
     todo = [str(root)]
     while todo:
         with os.scandir(todo.pop()) as entries:
             for entry in entries:
-                st = entry.stat(follow_symlinks=False)
-                out[entry.path] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                yield entry
                 if entry.is_dir(follow_symlinks=False):
                     todo.append(entry.path)
+
+
+def fingerprint(root: Path) -> Fingerprint:
+    """Every entry below ``root`` with its type+mode, size, mtime and ctime (no symlink is followed)."""
+    out: Fingerprint = {}
+    for entry in tree_entries(root):
+        st = entry.stat(follow_symlinks=False)
+        out[entry.path] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return out
 
 

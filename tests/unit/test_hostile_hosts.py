@@ -212,17 +212,12 @@ def shape(root: Path) -> Shape:
     """Each entry's type+mode, size, file mtime and link target: what tells a tree apart from its pristine copy
     (restored files keep the pristine mtime, so a change the undo missed shows)."""
     out: Shape = {}
-    todo = [str(root)]
-    while todo:
-        with os.scandir(todo.pop()) as entries:
-            for e in entries:
-                st = e.stat(follow_symlinks=False)
-                link = os.readlink(e.path) if e.is_symlink() else ""
-                is_file = e.is_file(follow_symlinks=False)
-                out[e.path[len(str(root)):]] = (st.st_mode, st.st_size if is_file else 0,
-                                                 st.st_mtime_ns if is_file else 0, link)
-                if e.is_dir(follow_symlinks=False):
-                    todo.append(e.path)
+    for e in hostcache.tree_entries(root):
+        st = e.stat(follow_symlinks=False)
+        link = os.readlink(e.path) if e.is_symlink() else ""
+        is_file = e.is_file(follow_symlinks=False)
+        out[e.path[len(str(root)):]] = (st.st_mode, st.st_size if is_file else 0, st.st_mtime_ns if is_file else 0,
+                                         link)
     return out
 
 
