@@ -17,7 +17,9 @@ import msgspec
 import pytest
 from hostcache import copy_host
 from lightkube.resources.resource_v1 import ResourceClaim
+from lockspy import FlockBusySpy
 
+import accel_core.dra.plugin as plugin_module
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.dra.service import DraService
@@ -81,13 +83,17 @@ class OtherInstance:
 
 
 @pytest.mark.parametrize("driver", sorted(DRIVERS))
-def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_tmp: Path, driver: str) -> None:
+def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_tmp: Path, driver: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     profile, instance_type, device = DRIVERS[driver]
     copy_host(short_tmp / "h", instance_type)
     paths = HostPaths(host_root=short_tmp / "h", kubelet_root=short_tmp / "k", cdi_root=short_tmp / "cdi",
                       device_plugins=short_tmp / "k" / "device-plugins")
     standin = KubeletStandIn(paths.kubelet_root)
     standin.registry_dir.mkdir(parents=True, exist_ok=True)
+
+    spy = FlockBusySpy()
+    monkeypatch.setattr(plugin_module, "fcntl", spy)
 
     async def scenario() -> None:
         service = DraService(profile(), paths, node_name=NODE, client=None, pod_uid="new-pod",
@@ -103,9 +109,10 @@ def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_
         try:
             conn = await standin.register_dra(driver)  # registration answers
             prepare = asyncio.create_task(conn.prepare(("ns", "u-1", "c")))
+            await asyncio.wait_for(spy.busy.wait(), 5)  # the prepare found the lock taken and waits
             start = time.perf_counter()
-            await asyncio.sleep(0.3)
-            lag = time.perf_counter() - start - 0.3
+            await asyncio.sleep(0.05)
+            lag = time.perf_counter() - start - 0.05
             assert lag < 0.5, f"the event loop stood still for {lag:.1f}s while the lock was held"
             assert not prepare.done(), "the prepare waits for the lock"
             status, seconds = await liveness(service.liveness.port)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
+from lockspy import FlockBusySpy
 
 import accel_core.dra.plugin as plugin_module
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
@@ -135,22 +135,6 @@ class ProbedHandler(ToyHandler):
 
         await self.probe.around(claim.name, body())
         return await super().prepare(claim)
-
-
-class FlockBusySpy:
-    """Stands in for the plugin module's ``fcntl``: records when a non-blocking flock found the file taken."""
-
-    LOCK_EX, LOCK_NB, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_NB, fcntl.LOCK_UN
-
-    def __init__(self) -> None:
-        self.busy = asyncio.Event()
-
-    def flock(self, fd: int, op: int) -> None:
-        try:
-            fcntl.flock(fd, op)
-        except BlockingIOError:
-            self.busy.set()
-            raise
 
 
 HOLDER = """
