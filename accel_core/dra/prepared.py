@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from accel_core.dra.types import PreparedDevice
 from accel_core.edits import ContainerEdits, DeviceNode, Mount
@@ -25,39 +27,52 @@ STATE_STARTED = "PrepareStarted"
 STATE_COMPLETED = "PrepareCompleted"
 
 
-# -- container edits as checkpoint JSON --------------------------------------------------------------------------
-def edits_to_json(edits: ContainerEdits) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if edits.device_nodes:
-        out["deviceNodes"] = [{k: v for k, v in (("path", n.path), ("hostPath", n.host_path),
-                                                 ("permissions", n.permissions), ("major", n.major),
-                                                 ("minor", n.minor)) if v is not None}
-                              for n in edits.device_nodes]
-    if edits.env:
-        out["env"] = [[k, v] for k, v in edits.env]
-    if edits.mounts:
-        out["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path, "readOnly": m.read_only}
-                         for m in edits.mounts]
-    return out
+# -- the checkpoint entry, as strict msgspec types (layout v1; see accel_core/dra/checkpoint.py) ------------------
+class _Node(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, rename="camel"):
+    path: str
+    host_path: str | None = None
+    permissions: str = "rw"
+    major: int | None = None
+    minor: int | None = None
 
 
-def _opt_int(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
-    return value
+class _Mount(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    host_path: str
+    container_path: str
+    read_only: bool = True
 
 
-def edits_from_json(data: Mapping[str, Any]) -> ContainerEdits:
-    """Raises ValueError/KeyError/TypeError for a malformed object (the caller names the claim)."""
-    nodes = tuple(DeviceNode(str(n["path"]), None if n.get("hostPath") is None else str(n["hostPath"]),
-                             str(n.get("permissions", "rw")), _opt_int(n.get("major")), _opt_int(n.get("minor")))
-                  for n in data.get("deviceNodes") or ())
-    env = tuple((str(k), str(v)) for k, v in data.get("env") or ())
-    mounts = tuple(Mount(str(m["hostPath"]), str(m["containerPath"]), bool(m.get("readOnly", True)))
-                   for m in data.get("mounts") or ())
-    return ContainerEdits(device_nodes=nodes, env=env, mounts=mounts)
+class _Edits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, rename="camel"):
+    device_nodes: tuple[_Node, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[_Mount, ...] = ()
+
+
+class _Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    name: str
+    devices: tuple[str, ...]
+    device_edits: dict[str, _Edits] = {}
+    edits: _Edits = _Edits()
+
+
+class _Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    state: Literal["PrepareStarted", "PrepareCompleted"]
+    namespace: str
+    name: str
+    pool: str
+    requests: tuple[_Request, ...]
+
+
+def _edits_entry(edits: ContainerEdits) -> _Edits:
+    return _Edits(tuple(_Node(n.path, n.host_path, n.permissions, n.major, n.minor) for n in edits.device_nodes),
+                  tuple(edits.env), tuple(_Mount(m.host_path, m.container_path, m.read_only) for m in edits.mounts))
+
+
+def _edits(entry: _Edits) -> ContainerEdits:
+    return ContainerEdits(device_nodes=tuple(DeviceNode(n.path, n.host_path, n.permissions, n.major, n.minor)
+                                             for n in entry.device_nodes),
+                          env=entry.env,
+                          mounts=tuple(Mount(m.host_path, m.container_path, m.read_only) for m in entry.mounts))
 
 
 @dataclass(frozen=True)
@@ -123,26 +138,20 @@ class PreparedClaim:
 
     # -- checkpoint JSON -------------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
-            "state": self.state, "namespace": self.namespace, "name": self.name, "pool": self.pool,
-            "requests": [{"name": r.name, "devices": list(r.devices),
-                          "deviceEdits": {d: edits_to_json(e) for d, e in r.device_edits},
-                          "edits": edits_to_json(r.edits)}
-                         for r in self.requests],
-        }
+        entry = _Entry(self.state, self.namespace, self.name, self.pool,  # type: ignore[arg-type]
+                       tuple(_Request(r.name, r.devices, {d: _edits_entry(e) for d, e in r.device_edits},
+                                      _edits_entry(r.edits)) for r in self.requests))
+        out: dict[str, Any] = msgspec.to_builtins(entry)
+        return out
 
     @classmethod
     def from_json(cls, uid: str, data: Mapping[str, Any]) -> PreparedClaim:
-        """Raises ValueError (naming the claim) for an entry that does not have the expected shape."""
+        """Raises ValueError (naming the claim and the field) for an entry that does not have the v1 layout
+        exactly: no coercion (a number where a name belongs is an error), no unknown field."""
         try:
-            requests = tuple(
-                PreparedRequest(str(r["name"]), tuple(str(d) for d in r["devices"]),
-                                tuple((str(d), edits_from_json(e)) for d, e in (r.get("deviceEdits") or {}).items()),
-                                edits_from_json(r.get("edits") or {}))
-                for r in data["requests"])
-            state = str(data["state"])
-            if state not in (STATE_STARTED, STATE_COMPLETED):
-                raise ValueError(f"unknown state {state!r}")
-            return cls(uid, str(data["namespace"]), str(data["name"]), str(data["pool"]), requests, state)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            entry = msgspec.convert(data, _Entry)
+        except msgspec.ValidationError as exc:
             raise ValueError(f"checkpoint entry for claim {uid} is malformed: {exc}") from exc
+        requests = tuple(PreparedRequest(r.name, r.devices, tuple((d, _edits(e)) for d, e in r.device_edits.items()),
+                                         _edits(r.edits)) for r in entry.requests)
+        return cls(uid, entry.namespace, entry.name, entry.pool, requests, entry.state)

@@ -9,6 +9,7 @@ import pytest
 
 from accel_core.dra.cdi import CDI_VERSION, CdiError, CdiSpecWriter
 from accel_core.dra.checkpoint import Checkpoint, CheckpointError, CheckpointFile, read_boot_id
+from accel_core.dra.prepared import PreparedClaim
 from accel_core.edits import ContainerEdits, DeviceNode, Mount
 
 
@@ -64,3 +65,31 @@ def test_boot_id_under_host_root(tmp_path: Path) -> None:
     (tmp_path / "proc/sys/kernel/random").mkdir(parents=True)
     (tmp_path / "proc/sys/kernel/random/boot_id").write_text("abc-123\n")
     assert read_boot_id(tmp_path) == "abc-123"
+
+
+V1_ENTRY = {  # a claim entry as v1 checkpoints on nodes hold it (written by every release so far)
+    "state": "PrepareCompleted", "namespace": "ml", "name": "train", "pool": "node-a",
+    "requests": [{"name": "chips", "devices": ["neuron-0"],
+                  "deviceEdits": {"neuron-0": {"deviceNodes": [{"path": "/dev/neuron0", "permissions": "rw"}]}},
+                  "edits": {"env": [["NEURON_RT_VISIBLE_CORES", "0-7"]]}}],
+}
+
+
+def test_a_v1_entry_loads_and_writes_back_equal() -> None:
+    claim = PreparedClaim.from_json("uid-1", V1_ENTRY)
+    assert claim.devices == ("neuron-0",) and claim.requests[0].edits.env == (("NEURON_RT_VISIBLE_CORES", "0-7"),)
+    again = json.loads(json.dumps(claim.to_json()))
+    assert PreparedClaim.from_json("uid-1", again) == claim
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"state": "Prepared"}, "$.state"),
+    ({"name": 7}, "$.name"),  # no coercion: a number is not a name
+    ({"extra": True}, "extra"),
+    ({"requests": [{"name": "chips", "devices": "neuron-0"}]}, "$.requests[0].devices"),
+    ({"requests": [{"name": "chips", "devices": ["neuron-0"], "edits": {"env": [["A"]]}}]}, "$.requests[0].edits.env"),
+])
+def test_a_malformed_entry_is_refused_naming_the_claim_and_field(change: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError) as err:
+        PreparedClaim.from_json("uid-1", {**V1_ENTRY, **change})
+    assert "uid-1" in str(err.value) and field in str(err.value)
