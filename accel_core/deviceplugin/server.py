@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 REGISTER_TIMEOUT_S = 5.0
-RE_ARM_S = 10.0
+#: the directory watch's safety re-arm (inotify wakes it at once; this only covers a lost watch)
+RE_ARM_S = 30.0
 
 
 _METRICS_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, DevicePluginMetrics] = weakref.WeakKeyDictionary()

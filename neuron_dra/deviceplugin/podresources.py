@@ -55,13 +55,16 @@ class PodResourcesPoller:
         self._interval = interval
         self._idle_interval = max(interval, idle_interval)
         self._kick = asyncio.Event()
+        self._idle_wait = False
         self._last_error = ""
         reg = registry if registry is not None else CollectorRegistry()
         self._calls = Counter("neuron_device_plugin_pod_resources_list_total",
                               "PodResources List calls by result", ["result"], registry=reg)
 
     def kick(self) -> None:
-        self._kick.set()
+        """An Allocate happened: end an idle wait (a no-op on the fast pace, so Allocates wake nothing)."""
+        if self._idle_wait:
+            self._kick.set()
 
     async def poll_once(self) -> bool:
         """One List; returns True when it succeeded."""
@@ -91,7 +94,10 @@ class PodResourcesPoller:
                     await self.poll_once()
                 except Exception:  # never let a bad response end the poller
                     log.exception("PodResources poll failed")
-                woke = await wake(stop, self._kick, timeout=self.next_interval())
+                interval = self.next_interval()
+                self._idle_wait = interval > self._interval
+                woke = await wake(stop, self._kick, timeout=interval)
+                self._idle_wait = False
                 if woke == STOP:
                     return
                 if woke == EVENT:  # an Allocate: the kubelet lists it once the container exists, so follow it

@@ -100,3 +100,37 @@ def test_idle_interval_is_never_shorter_than_the_busy_one() -> None:
                                   idle_interval=1.0)
 
     assert asyncio.run(make()).next_interval() == 5.0
+
+
+def test_an_allocate_ends_only_an_idle_wait() -> None:
+    """kick() is how an Allocate reaches the poller: it must end a 30 s idle wait, and cost nothing while the
+    poller already lists at the fast pace."""
+    async def scenario() -> tuple[float, float]:
+        usage = UsageTracker()
+        poller = PodResourcesPoller(Path("/nonexistent/kubelet.sock"), usage, lambda: None, interval=0.05,
+                                    idle_interval=30.0)
+        usage.apply_list({})  # the List fails (no socket) but the tracker says: nothing held
+        stop = asyncio.Event()
+        calls: list[float] = []
+        real_poll = poller.poll_once
+
+        async def counting() -> bool:
+            calls.append(asyncio.get_running_loop().time())
+            await real_poll()
+            usage.apply_list({})  # keep "nothing held" (the failed List marked it unknown)
+            return True
+
+        poller.poll_once = counting  # type: ignore[method-assign]
+        task = asyncio.create_task(poller.run(stop))
+        while not calls:
+            await asyncio.sleep(0.01)
+        kicked = asyncio.get_running_loop().time()
+        poller.kick()  # an Allocate during the idle wait
+        while len(calls) < 2:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return kicked, calls[1]
+
+    kicked, next_list = asyncio.run(scenario())
+    assert next_list - kicked < 5.0, "the Allocate ended the 30 s idle wait"
