@@ -5,7 +5,8 @@ A trn2.48xlarge tree is ~17k entries; generating it, copying it and removing it 
 generated once into the session's temp tree. :func:`copy_host` gives a test its own copy to mutate;
 :func:`shared_host` gives the pristine tree itself to a test that only reads it. A shared tree is fingerprinted
 when built and checked after every test that asked for it (tests/conftest.py), so a test that changes one fails
-by name instead of quietly changing what later tests see.
+by name instead of quietly changing what later tests see. The check is an inotify tripwire (tests/treewatch.py):
+only a tree that reported a change is compared entry by entry.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+from treewatch import TreeWatch
 
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.paths import HostPaths
@@ -27,6 +30,11 @@ Fingerprint = dict[str, tuple[int, int, int, int]]
 
 _BUILT: dict[Key, Path] = {}
 _FINGERPRINTS: dict[Path, Fingerprint] = {}
+_WATCH: TreeWatch | None = None
+#: shared trees the tripwire covers (the others are compared entry by entry after every test)
+_WATCHED: set[Path] = set()
+#: watched trees that reported a change (compared in full from then on)
+_DIRTY: set[Path] = set()
 #: Shared trees handed out since the last :func:`take_shared_used` (the current test's).
 _USED: set[Path] = set()
 #: Copies made since the last :func:`take_copies`.
@@ -77,6 +85,11 @@ def shared_host(instance_type: str, *, efa: bool = True, lnc: int | None = None,
         raise RuntimeError("shared_host() needs the session fixture of tests/conftest.py")
     pristine = _pristine((instance_type, efa, lnc, ultraserver_id, ultraserver_node))
     if pristine not in _FINGERPRINTS:
+        global _WATCH
+        if _WATCH is None:
+            _WATCH = TreeWatch()
+        if _WATCH.watch(pristine):  # before the fingerprint, so nothing can slip in between
+            _WATCHED.add(pristine)
         _FINGERPRINTS[pristine] = fingerprint(pristine)
     _USED.add(pristine)
     return FakeHost.attach(pristine)
@@ -104,6 +117,10 @@ def fingerprint(root: Path) -> Fingerprint:
 
 def changes(root: Path) -> list[str]:
     """Paths below a shared tree that were added, removed or changed since it was built (sorted)."""
+    if root in _WATCHED and _WATCH is not None:
+        _DIRTY.update(_WATCH.tripped())
+        if root not in _DIRTY:
+            return []
     before, now = _FINGERPRINTS[root], fingerprint(root)
     return sorted(p for p in before.keys() | now.keys() if before.get(p) != now.get(p))
 

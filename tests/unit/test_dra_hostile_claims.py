@@ -172,7 +172,8 @@ def api_server_sending(body: bytes) -> Iterator[KubeConfig]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # a short poll: shutdown() waits for serve_forever's next poll (0.5 s by default, per test)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     try:
         yield KubeConfig.from_dict({
