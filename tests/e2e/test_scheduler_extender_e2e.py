@@ -257,7 +257,7 @@ def test_extender_places_only_connected_sets_with_the_real_scheduler(
     def free_a_row() -> tuple[RealNode, int]:
         node, r = row_held_only_by_its_holder()
         delete(kube_client, namespace, holders[node.name][r])
-        wait(lambda: not occupied(node) & ROWS[r], f"row {r} of {node.name} reported free", timeout=60)
+        wait(lambda: not occupied(node) & ROWS[r], f"row {r} of {node.name} reported free", timeout=120)
         return node, r
 
     node1, row1 = free_a_row()
