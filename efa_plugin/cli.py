@@ -41,7 +41,7 @@ DAEMON_NAME = "efa-device-plugin"
 UDEV_SUBSYSTEMS = ("infiniband", "infiniband_verbs")
 #: a full rescan of 32 devices costs ~5 ms of CPU: on inotify/udev events, on a port-state change the health poll
 #: sees, and on this slow safety interval only (an idle daemon pays it on every node)
-DEFAULT_RESCAN_S = 60.0
+DEFAULT_RESCAN_S = 30.0
 #: reading the 32 port-state files costs ~0.2 ms; every 0.5 s keeps a port change on a real node (no sysfs event)
 #: under 1 s
 DEFAULT_HEALTH_POLL_S = 0.5

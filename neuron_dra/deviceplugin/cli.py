@@ -39,9 +39,9 @@ def build_parser() -> EnvArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     srv = sub.add_parser("serve", help="serve aws.amazon.com/neuron and aws.amazon.com/neuroncore to the kubelet")
     add_common_flags(srv, metrics_port=METRICS_PORT)
-    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=60.0,
+    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=30.0,
                          help="seconds between full host rescans besides those inotify/udev events and the health "
-                              "poll start: a safety net (env RESCAN_INTERVAL; default 60)")
+                              "poll start: a safety net (env RESCAN_INTERVAL; default 30)")
     srv.add_env_argument("--health-poll-interval", env="HEALTH_POLL_INTERVAL", type=seconds, default=0.5,
                          help="seconds between reads of the uncorrected-error counters, which raise no change "
                               "event on sysfs (env HEALTH_POLL_INTERVAL; default 0.5)")

@@ -16,7 +16,7 @@ REGISTRATIONS = ((NEURON, NEURON_SOCKET), (NEURONCORE, NEURONCORE_SOCKET))
 
 @dataclass(frozen=True)
 class ServeOptions:
-    rescan_interval: float = 60.0
+    rescan_interval: float = 30.0
     health_poll_interval: float = 0.5
     pod_resources_interval: float = 2.0
     pod_resources_idle_interval: float = 30.0
