@@ -36,6 +36,7 @@ from accel_core.hostinfo import pcie_root, read_instance_type
 from accel_core.paths import HostPaths
 from efa_plugin.neuron_map import neuron_table
 from efa_plugin.presence import CLASS_IB as CLASS_IB
+from efa_plugin.presence import EFA_DRIVER
 
 EFA_VENDOR = 0x1D0F
 EFA_DEVICE_IDS = range(0xEFA0, 0xEFB0)
@@ -330,7 +331,7 @@ def _not_efa_reason(pci_dir: str) -> str | None:
         driver: str | None = printable(os.path.basename(os.readlink(f"{pci_dir}/driver")))
     except OSError:
         driver = None
-    if driver == "efa":
+    if driver == EFA_DRIVER:
         return None
     vendor = _hex_or_none(f"{pci_dir}/vendor")
     device = _hex_or_none(f"{pci_dir}/device")

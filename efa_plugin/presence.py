@@ -15,6 +15,8 @@ from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME
 
 CLASS_IB = "/sys/class/infiniband"
+#: the kernel driver an EFA PCI function is bound to
+EFA_DRIVER = "efa"
 
 
 def efa_expected(paths: HostPaths) -> bool:
@@ -27,7 +29,7 @@ def efa_expected(paths: HostPaths) -> bool:
         return False
     for name in names:
         try:
-            if os.path.basename(os.readlink(class_dir / name / "device" / "driver")) == "efa":
+            if os.path.basename(os.readlink(class_dir / name / "device" / "driver")) == EFA_DRIVER:
                 return True
         except OSError:
             continue
