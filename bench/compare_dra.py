@@ -71,8 +71,8 @@ def allocated_claim(admin: Client, d: Driver, index: int) -> tuple[str, str, str
 
 
 PHASES = ("guard", "read", "plan", "cdi", "checkpoint")
-#: a phase that runs at the same time as another one (the guard during the read)
-OVERLAPPED = ("guard",)
+#: a phase that runs at the same time as another one (none since the guard moved into the write thread)
+OVERLAPPED: tuple[str, ...] = ()
 
 
 def histogram_sums(text: str) -> dict[str, float]:
@@ -224,7 +224,7 @@ async def run(root: Path, peers: Path, table: Table, *, iterations: int, idle: f
                       note=f"{iterations} interleaved rounds; through the DRA socket incl. the claim read"))
     table.add(Row(f"DRA prepare 1 claim after {IDLE_BEFORE_PREPARE:.0f} s idle, p50", "ms", p50(ours.after_idle) * 1e3,
                   p50(go.after_idle) * 1e3, note=f"{IDLE_ROUNDS} rounds; a new API connection unless kept alive"))
-    labels = {"guard": "device-plugin guard (worker thread; during the read, not in the sum)",
+    labels = {"guard": "device-plugin guard (a directory listing, in the write thread)",
               "read": "claim read(s) from the API, at once",
               "plan": "config, edits, conflict checks",
               "cdi": "CDI spec write(s), not synced",

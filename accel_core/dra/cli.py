@@ -25,6 +25,7 @@ import httpx2
 import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
 from prometheus_client import CollectorRegistry
 
@@ -41,6 +42,7 @@ from accel_core.cli import (
     uid,
 )
 from accel_core.daemon import run_daemon
+from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.profile import DraProfile, tainted
 from accel_core.dra.service import DEFAULT_HEALTHCHECK_PORT, DraService, dra_driver_version
@@ -137,12 +139,16 @@ class DriverCli:
 
         async def main(stop: asyncio.Event) -> None:
             client: AsyncClient | None
+            claim_get: DirectClaimGet | None = None
             try:
-                client = kube_client(args.kubeconfig, self.prog)
+                config = kube_config(args.kubeconfig)
+                client = kube_client(config, self.prog)
+                claim_get = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)
             except (ConfigError, OSError, ValueError) as exc:
                 log.error("no usable API server configuration", extra=kv(error=exc))
                 client = None
-            service = DraService(profile, paths, node_name=args.node_name, client=client, pod_uid=args.pod_uid,
+            service = DraService(profile, paths, node_name=args.node_name, client=client, claim_get=claim_get,
+                                 pod_uid=args.pod_uid,
                                  healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
                                  cleanup_interval=args.cleanup_interval,
                                  remove_slices_on_exit=args.remove_slices_on_exit, registry=registry)
@@ -151,6 +157,8 @@ class DriverCli:
             finally:
                 if client is not None:
                     await client.close()
+                if claim_get is not None:
+                    await claim_get.close()
 
         return run_daemon(main, self.prog)
 
@@ -159,7 +167,7 @@ class DriverCli:
         driver = self.profile().driver_name
 
         async def main() -> int:
-            client = kube_client(args.kubeconfig, self.prog)
+            client = kube_client(kube_config(args.kubeconfig), self.prog)
             try:
                 removed = await SlicePublisher(client, driver, args.node_name).remove_all()
             finally:
@@ -187,15 +195,17 @@ def _node_flag(parser: EnvArgumentParser) -> None:
 API_KEEPALIVE_SECONDS = 60.0
 
 
-#: With any of these set, the HTTP client's own transports are kept: they honour the proxy settings (and NO_PROXY).
-PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-
-
-def kube_client(kubeconfig: str | None, field_manager: str) -> AsyncClient:
+def kube_config(kubeconfig: str | None) -> SingleConfig:
+    """The current context of ``kubeconfig`` (else KUBECONFIG, ~/.kube/config or in-cluster)."""
     config = (KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()).get()
     if config is None or config.user is None:
         raise ConfigError("the kubeconfig has no current context with a cluster and a user")
-    if any(os.environ.get(name) for name in PROXY_ENV):
+    return config
+
+
+def kube_client(config: SingleConfig, field_manager: str) -> AsyncClient:
+    """lightkube's client for ``config``, with connections kept API_KEEPALIVE_SECONDS."""
+    if any(os.environ.get(name) for name in PROXY_ENV) or config.user is None:
         return AsyncClient(config, field_manager=field_manager)
     # the transport lightkube would build, but with our keep-alive (TLS as lightkube sets it up from the config)
     transport = httpx2.AsyncHTTPTransport(

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
@@ -74,6 +75,7 @@ class DraService:
         *,
         node_name: str,
         client: AsyncClient | None,
+        claim_get: DirectClaimGet | None = None,
         pod_uid: str | None = None,
         healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT,
         rescan_interval: float = 10.0,
@@ -100,7 +102,7 @@ class DraService:
         self.cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor(self.driver_name), CDI_CLASS)
         data_dir = paths.plugins_data_dir / self.driver_name
         self.store = ClaimStore(data_dir / "checkpoint.json", read_boot_id(paths.host_root))
-        self.reader: ClaimReader = ApiClaimReader(client) if client is not None else _NoApiReader()
+        self.reader: ClaimReader = ApiClaimReader(client, claim_get) if client is not None else _NoApiReader()
         self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
                                 inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics)
         self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)

@@ -24,6 +24,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
+from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader
 from accel_core.dra.cleanup import StaleClaimCleaner
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
@@ -202,16 +203,24 @@ MALFORMED = [  # the path is where the ResourceClaim schema (resource.k8s.io/v1)
 ]
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["lightkube", "direct-get"])
 @pytest.mark.parametrize(("body", "where"), MALFORMED)
-def test_a_malformed_claim_from_the_api_server_is_a_claim_error(rig: Rig, body: bytes, where: str) -> None:
+def test_a_malformed_claim_from_the_api_server_is_a_claim_error(rig: Rig, body: bytes, where: str,
+                                                                 direct: bool) -> None:
     async def prepare(config: KubeConfig) -> dict[str, tuple[list[Any], str]]:
         client = AsyncClient(config)
+        single = config.get()
+        assert single is not None
+        get = DirectClaimGet.from_config(single, keepalive=60) if direct else None
+        assert get is not None or not direct
         try:
-            driver = DraDriver(NeuronProfile(), node_name=NODE, reader=ApiClaimReader(client), cdi=rig.cdi,
+            driver = DraDriver(NeuronProfile(), node_name=NODE, reader=ApiClaimReader(client, get), cdi=rig.cdi,
                                store=rig.store, inventory=lambda: rig.inventory)
             return await DraPlugin(driver, rig.paths).prepare_claims([ClaimRef("ns", "u-1", "c")])
         finally:
             await client.close()
+            if get is not None:
+                await get.close()
 
     with api_server_sending(body) as config:
         devices, error = asyncio.run(prepare(config))["u-1"]

@@ -1,5 +1,6 @@
-"""The DRA driver's API client (``accel_core.dra.cli.kube_client``): TLS and client certificate from the kubeconfig,
-and one kept-alive connection for claim reads that come more than the HTTP client's default 5 s apart."""
+"""The DRA driver's API clients (``accel_core.dra.cli.kube_client`` and the claim GET of the prepare path,
+``accel_core.dra.claimget``): TLS and client certificate from the kubeconfig, one kept-alive connection for claim
+reads that come more than httpx's default 5 s apart, and bearer tokens from a file that is re-read after a 401."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.devtools.controlplane import ADMIN_USER, _cert_user, generate_pki, write_kubeconfig
-from accel_core.dra.cli import kube_client
+from accel_core.dra.claimget import DirectClaimGet
+from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_client, kube_config
 
 CLAIM = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
          "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"}, "spec": {"devices": {}}}
@@ -61,18 +63,22 @@ def test_claim_reads_reuse_one_connection_across_idle_gaps(tmp_path: Path, monke
         port = await api.start()
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", pki.ca_cert, "admin",
                                       _cert_user(*pki.client("admin")))
-        client = kube_client(str(kubeconfig), "test")
+        config = kube_config(str(kubeconfig))
+        client = kube_client(config, "test")
+        direct = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)
+        assert direct is not None, "a client-certificate user is read directly"
         try:
-            first = await client.get(ResourceClaim, "c", namespace="ns")
+            first = [await client.get(ResourceClaim, "c", namespace="ns"), await direct.get("ns", "c")]
             await asyncio.sleep(6)  # longer than the HTTP client's default keep-alive of 5 s
-            second = await client.get(ResourceClaim, "c", namespace="ns")
+            second = [await client.get(ResourceClaim, "c", namespace="ns"), await direct.get("ns", "c")]
         finally:
             await client.close()
+            await direct.close()
             assert api.server is not None
             api.server.close()
-        assert first.metadata is not None and first.metadata.uid == "u-1"
-        assert second.metadata is not None and second.metadata.uid == "u-1"
+        for claim in first + second:
+            assert claim is not None and claim.metadata is not None and claim.metadata.uid == "u-1"
 
     asyncio.run(scenario())
-    assert api.connections == 1, "the second read reused the first connection"
-    assert api.peers == [ADMIN_USER], "the client certificate of the kubeconfig was presented"
+    assert api.connections == 2, "each client's second read reused its first connection"
+    assert api.peers == [ADMIN_USER, ADMIN_USER], "the client certificate of the kubeconfig was presented"
