@@ -36,7 +36,9 @@ from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_config
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.store import ClaimStore
@@ -87,7 +89,8 @@ async def bench_prepare(cp: ControlPlane, root: Path, iterations: int) -> None:
     scan = profile.scan(paths, "0.1.0")
     store = ClaimStore(paths.plugins_data_dir / DRIVER / "checkpoint.json", read_boot_id(paths.host_root))
     store.load()
-    driver = DraDriver(profile, node_name=NODE, reader=ApiClaimReader(client),
+    direct = DirectClaimGet.from_config(kube_config(str(cp.admin_kubeconfig)), keepalive=API_KEEPALIVE_SECONDS)
+    driver = DraDriver(profile, node_name=NODE, reader=ApiClaimReader(client, direct),
                        cdi=CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS), store=store,
                        inventory=lambda: scan.inventory)
     plugin = DraPlugin(driver, paths)

@@ -39,7 +39,9 @@ from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
+from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_config
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.store import ClaimStore
@@ -130,7 +132,8 @@ async def bench_api_and_socket(cp: ControlPlane, root: Path, iterations: int) ->
     claim = create_allocated_claim(admin, "bench-16")
     uid = claim["metadata"]["uid"]
     client = AsyncClient(KubeConfig.from_file(cp.admin_kubeconfig))
-    reader = ApiClaimReader(client)
+    direct = DirectClaimGet.from_config(kube_config(str(cp.admin_kubeconfig)), keepalive=API_KEEPALIVE_SECONDS)
+    reader = ApiClaimReader(client, direct)
     driver, paths = make_driver(root, reader)
     await reader.read("default", "bench-16")  # connection warm-up
     reads = []
