@@ -27,7 +27,7 @@ from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import setup_logging
 from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_paths
 from neuron_dra.deviceplugin import guard
-from neuron_dra.deviceplugin.options import REGISTRATIONS, ServeOptions
+from neuron_dra.deviceplugin.options import DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, REGISTRATIONS, ServeOptions
 from neuron_dra.presence import devices_present
 
 METRICS_PORT = 9811
@@ -39,12 +39,13 @@ def build_parser() -> EnvArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     srv = sub.add_parser("serve", help="serve aws.amazon.com/neuron and aws.amazon.com/neuroncore to the kubelet")
     add_common_flags(srv, metrics_port=METRICS_PORT)
-    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=30.0,
+    srv.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds, default=DEFAULT_RESCAN_S,
                          help="seconds between full host rescans besides those inotify/udev events and the health "
-                              "poll start: a safety net (env RESCAN_INTERVAL; default 30)")
-    srv.add_env_argument("--health-poll-interval", env="HEALTH_POLL_INTERVAL", type=seconds, default=0.5,
+                              f"poll start: a safety net (env RESCAN_INTERVAL; default {DEFAULT_RESCAN_S:g})")
+    srv.add_env_argument("--health-poll-interval", env="HEALTH_POLL_INTERVAL", type=seconds,
+                         default=DEFAULT_HEALTH_POLL_S,
                          help="seconds between reads of the uncorrected-error counters, which raise no change "
-                              "event on sysfs (env HEALTH_POLL_INTERVAL; default 0.5)")
+                              f"event on sysfs (env HEALTH_POLL_INTERVAL; default {DEFAULT_HEALTH_POLL_S:g})")
     srv.add_env_argument("--pod-resources-interval", env="POD_RESOURCES_INTERVAL", type=seconds, default=2.0,
                          help="seconds between PodResources List calls while devices are held or pending "
                               "(env POD_RESOURCES_INTERVAL; default 2)")
