@@ -30,6 +30,7 @@ def _clear_dead_runs(base: Path) -> None:
     for entry in base.glob(_PREFIX + "*"):
         pid = entry.name.removeprefix(_PREFIX)
         if pid.isascii() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            hostcache.unmount_below(entry)  # overlay copies a killed run left mounted
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -71,6 +72,7 @@ def _pristine_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     else:
         hostcache.ROOT = tmp_path_factory.mktemp("pristine-hosts")
     yield
+    hostcache.unmount_all()  # copies kept by fixtures wider than a test
     changed = {str(root): hostcache.changes(root)[:5] for root in hostcache.all_shared() if hostcache.changes(root)}
     hostcache.ROOT = None
     assert not changed, f"shared fake hosts were changed during the session: {changed}"
@@ -106,10 +108,12 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     fixtures' shutil.rmtree on a 17k-entry tree) just before those fixtures remove the rest; a failed test keeps
     them for a look."""
     copies = hostcache.take_copies()
-    if not copies or not item.stash.get(_CALL_PASSED, False):
+    if not copies:
         return
     funcargs = getattr(item, "funcargs", {})
     dirs = [Path(funcargs[name]) for name in _PER_TEST_DIRS if isinstance(funcargs.get(name), Path)]
-    mine = [str(c) for c in copies if any(c.is_relative_to(d) for d in dirs)]
-    if mine:
-        subprocess.run(["rm", "-rf", "--", *mine], check=False)
+    mine = [c for c in copies if any(c.is_relative_to(d) for d in dirs)]
+    hostcache.unmount(mine)  # overlay copies (a failed test's changes stay in its upper layer for a look)
+    if mine and item.stash.get(_CALL_PASSED, False):
+        layers = [c.parent / f".{c.name}.overlay" for c in mine]
+        subprocess.run(["rm", "-rf", "--", *map(str, mine), *map(str, layers)], check=False)

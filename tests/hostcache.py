@@ -2,7 +2,8 @@
 
 A trn2.48xlarge tree is ~17k entries; generating it, copying it and removing it each cost about half a CPU-second
 (directory entries, not file contents, are the cost). Each kind of tree (type, EFA, LNC, UltraServer ids) is
-generated once into the session's temp tree. :func:`copy_host` gives a test its own copy to mutate;
+generated once into the session's temp tree. :func:`copy_host` gives a test its own copy to mutate: an overlay
+mount over the pristine tree where the tests run as root (nothing is copied until written), else a real copy;
 :func:`shared_host` gives the pristine tree itself to a test that only reads it. A shared tree is fingerprinted
 when built and checked after every test that asked for it (tests/conftest.py), so a test that changes one fails
 by name instead of quietly changing what later tests see. The check is an inotify tripwire (tests/treewatch.py):
@@ -39,6 +40,9 @@ _DIRTY: set[Path] = set()
 _USED: set[Path] = set()
 #: Copies made since the last :func:`take_copies`.
 _COPIES: list[Path] = []
+#: Copies that are overlay mounts, still mounted; and whether overlays can be mounted here (None: not tried yet).
+_MOUNTS: list[Path] = []
+_OVERLAY_OK: bool | None = None
 
 
 def _pristine(key: Key) -> Path:
@@ -70,11 +74,59 @@ def copy_host(dest: Path, instance_type: str, *, efa: bool = True, lnc: int | No
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         build_host(dest, instance_type, efa=efa, lnc=lnc)  # raises the builder's "already holds a tree" error
-    # Symlinks stay links and hard links stay links; modes come out as the builder made them (same umask).
-    # Timestamps, owners and xattrs are not copied: nothing reads them, and skipping them is a third of the cost.
-    subprocess.run(["cp", "-R", "-P", "--preserve=links", f"{pristine}/.", str(dest)], check=True)
+    if not _overlay(pristine, dest):
+        # Symlinks stay links and hard links stay links; modes come out as the builder made them (same umask).
+        # Timestamps, owners and xattrs are not copied: nothing reads them, and skipping them is a third of the cost.
+        subprocess.run(["cp", "-R", "-P", "--preserve=links", f"{pristine}/.", str(dest)], check=True)
     _COPIES.append(dest)
     return FakeHost.attach(dest)
+
+
+def _overlay(pristine: Path, dest: Path) -> bool:
+    """Make ``dest`` a copy-on-write view of ``pristine`` (an overlay mount: no file is copied until a test writes
+    it); False where overlays cannot be mounted (not root, no overlay support), and the caller copies."""
+    global _OVERLAY_OK
+    if _OVERLAY_OK is False:
+        return False
+    layers = dest.parent / f".{dest.name}.overlay"
+    (layers / "upper").mkdir(parents=True)
+    (layers / "work").mkdir()
+    # redirect_dir: a test may rename a directory of the lower tree (a device removed, then put back)
+    options = f"lowerdir={pristine},upperdir={layers / 'upper'},workdir={layers / 'work'},redirect_dir=on"
+    done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(dest)], capture_output=True,
+                          check=False)
+    _OVERLAY_OK = done.returncode == 0
+    if not _OVERLAY_OK:
+        subprocess.run(["rm", "-rf", "--", str(layers)], check=False)
+        return False
+    _MOUNTS.append(dest)
+    return True
+
+
+def unmount(copies: list[Path]) -> None:
+    """Unmount the overlay copies among ``copies`` (their files stay readable in their upper layers)."""
+    mounted = [c for c in copies if c in _MOUNTS]
+    if mounted:
+        subprocess.run(["umount", "--lazy", *map(str, mounted)], check=False)
+        for c in mounted:
+            _MOUNTS.remove(c)
+
+
+def unmount_all() -> None:
+    unmount(list(_MOUNTS))
+
+
+def unmount_below(directory: Path) -> None:
+    """Unmount every mount below ``directory`` (what a killed run left), as /proc/self/mounts lists them."""
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return
+    prefix = str(directory).rstrip("/") + "/"
+    targets = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 1
+               and fields[1].startswith(prefix)]
+    if targets:
+        subprocess.run(["umount", "--lazy", *targets], check=False)
 
 
 def shared_host(instance_type: str, *, efa: bool = True, lnc: int | None = None,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from hostcache import copy_host
+from hostcache import copy_host, shared_host
 from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
@@ -127,8 +127,7 @@ def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path
     async def scenario() -> None:
         host = copy_host(short_tmp / "h", "p4d.24xlarge")
         victim = host.efa_ibdevs[1]
-        pristine = short_tmp / "pristine"
-        shutil.copytree(host.root, pristine, symlinks=True)
+        pristine = shared_host("p4d.24xlarge").root  # the tree the copy came from; only read
         ib_rel = host.ibdev_dir(victim).relative_to(host.root)
         pci_rel = Path(os.path.realpath(host.ibdev_dir(victim) / "device")).relative_to(host.root)
         # files whose breaking makes the device Unhealthy (or go away)
@@ -188,8 +187,7 @@ def test_efa_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path
 def test_neuron_serve_keeps_the_other_devices_through_hostile_files(short_tmp: Path) -> None:
     async def scenario() -> None:
         host = copy_host(short_tmp / "h", "trn1.32xlarge")
-        pristine = short_tmp / "pristine"
-        shutil.copytree(host.root, pristine, symlinks=True)
+        pristine = shared_host("trn1.32xlarge").root  # the tree the copy came from; only read
         base = Path("sys/devices/virtual/neuron_device/neuron3")
         targets = [base / "core_count", base / "connected_devices", base / "stats/hardware/mem_ecc_uncorrected/total"]
         standin = KubeletStandIn(short_tmp / "k")
