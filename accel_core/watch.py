@@ -73,6 +73,9 @@ class ChangeWatcher:
 
     ``paths_fn`` is called after every event and rescan to get the current list, so the watch set follows the
     inventory.
+
+    The first wake-up (reason ``"armed"``) comes as soon as the watches are in place: what changed between the
+    consumer's first read of the host and the arming raised no event.
     """
 
     def __init__(
@@ -105,6 +108,9 @@ class ChangeWatcher:
         self._start_udev()
         self._arm()
         self._next_rescan = asyncio.get_running_loop().time() + self._rescan
+        # whatever changed between the consumer's first read and this arming raised no event we can see: the first
+        # wake-up comes at once, so the consumer reads again with the watches in place
+        self.kick("armed")
         return self
 
     async def __aexit__(self, *exc: object) -> None:

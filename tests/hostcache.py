@@ -3,7 +3,8 @@
 A trn2.48xlarge tree is ~17k entries; generating it, copying it and removing it each cost about half a CPU-second
 (directory entries, not file contents, are the cost). Each kind of tree (type, EFA, LNC, UltraServer ids) is
 generated once into the session's temp tree. :func:`copy_host` gives a test its own copy to mutate: an overlay
-mount over the pristine tree where the tests run as root (nothing is copied until written), else a real copy;
+mount over the pristine tree where the tests run as root (nothing is copied until written; TESTS_NO_OVERLAY=1
+turns it off), else a real copy;
 :func:`shared_host` gives the pristine tree itself to a test that only reads it. A shared tree is fingerprinted
 when built and checked after every test that asked for it (tests/conftest.py), so a test that changes one fails
 by name instead of quietly changing what later tests see. The check is an inotify tripwire (tests/treewatch.py):
@@ -86,7 +87,7 @@ def _overlay(pristine: Path, dest: Path) -> bool:
     """Make ``dest`` a copy-on-write view of ``pristine`` (an overlay mount: no file is copied until a test writes
     it); False where overlays cannot be mounted (not root, no overlay support), and the caller copies."""
     global _OVERLAY_OK
-    if _OVERLAY_OK is False:
+    if _OVERLAY_OK is False or os.environ.get("TESTS_NO_OVERLAY"):
         return False
     layers = dest.parent / f".{dest.name}.overlay"
     (layers / "upper").mkdir(parents=True)

@@ -17,6 +17,7 @@ def test_event_rescan_and_late_paths(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with ChangeWatcher(lambda: [watched], rescan_interval=0.3, debounce=0.01, depth=1) as watcher:
+            assert await watcher.next_change() == "armed"
             assert await watcher.next_change() == "rescan", "nothing happened: the slow rescan fires"
             watched.mkdir(parents=True)  # a path that did not exist: its nearest parent was watched
             assert (await asyncio.wait_for(watcher.next_change(), 2)).startswith("inotify:")
@@ -46,6 +47,7 @@ def test_rearms_after_the_watched_directory_is_deleted_and_recreated(tmp_path: P
     async def scenario() -> None:
         # the rescan is far away: every wake-up below must come from an inotify watch
         async with ChangeWatcher(lambda: [watched], rescan_interval=3600, debounce=0.01, depth=1) as watcher:
+            assert await watcher.next_change() == "armed"
             (watched / "dev0" / "state").write_text("1\n")
             await asyncio.wait_for(_until(watcher, "dev0/state"), 5)
             shutil.rmtree(watched)
@@ -54,6 +56,22 @@ def test_rearms_after_the_watched_directory_is_deleted_and_recreated(tmp_path: P
             await asyncio.wait_for(_until(watcher, "thing"), 5)
             (watched / "dev0" / "state").write_text("2\n")  # seen only if the new directories were watched again
             await asyncio.wait_for(_until(watcher, "dev0/state"), 5)
+
+    asyncio.run(scenario())
+
+
+def test_a_change_before_the_watches_exist_is_not_lost(tmp_path: Path) -> None:
+    """A daemon reads the host, then arms its watches: a device that appeared in between raised no event it could
+    see. The first wake-up comes at once after arming, not a rescan interval later."""
+    state = tmp_path / "state"
+    state.write_text("absent\n")
+
+    async def scenario() -> None:
+        first_read = state.read_text()
+        state.write_text("present\n")  # between the first read and the arming
+        async with ChangeWatcher(lambda: [tmp_path], rescan_interval=3600, debounce=0.01, depth=0) as watcher:
+            assert await asyncio.wait_for(watcher.next_change(), 2) == "armed"
+        assert (first_read, state.read_text()) == ("absent\n", "present\n")
 
     asyncio.run(scenario())
 
@@ -87,7 +105,7 @@ def test_changes_iterates_until_stop_and_polls_without_events(tmp_path: Path) ->
                     (tmp_path / "state").write_text("DOWN\n")
                 if reason.startswith("inotify:"):
                     stop.set()  # the iteration ends at once, even though the next wait has begun
-        assert reasons[:2] == ["poll", "poll"], reasons
+        assert reasons[:3] == ["armed", "poll", "poll"], reasons
         assert any(r.startswith("inotify:") for r in reasons), reasons
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
