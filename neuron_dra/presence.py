@@ -8,13 +8,12 @@ as always); a wrong "yes" registers resources whose lists are empty, as after de
 from __future__ import annotations
 
 import os
-import re
 
+from accel_core.hostfiles import parse_index
 from accel_core.paths import HostPaths
 
 #: where the Neuron driver lists its devices (``neuron0``, ``neuron1``, ...)
 CLASS_DIR = "/sys/class/neuron_device"
-_DEVICE_NAME = re.compile(r"neuron[0-9]+")
 
 
 def devices_present(paths: HostPaths) -> bool:
@@ -22,4 +21,4 @@ def devices_present(paths: HostPaths) -> bool:
         names = os.listdir(paths.host(CLASS_DIR))
     except OSError:
         return False
-    return any(_DEVICE_NAME.fullmatch(name) for name in names)
+    return any(parse_index(name, "neuron") is not None for name in names)  # as discovery names devices

@@ -328,9 +328,7 @@ class DevicePluginServer:
             watcher = ChangeWatcher(lambda: [self._dir], rescan_interval=max(RE_ARM_S, self._retry),
                                     debounce=0.01, depth=0)
             self._watcher = watcher
-            async with watcher:
-                await self._reconcile_logged()  # anything that changed before the watch was armed
-                watcher.poll_interval = None if self.registered.is_set() else self._retry
+            async with watcher:  # its first wake-up ("armed") re-checks what changed before the watch existed
                 async for _ in watcher.changes(stop):
                     await self._reconcile_logged()
                     watcher.poll_interval = None if self.registered.is_set() else self._retry

@@ -2,10 +2,10 @@
 
 The kubelet names a claim by namespace, name and UID. The claim is read fresh (never from a cache), and it must
 still be the same object (same UID) and be allocated. Only results for this driver in this node's pool count.
-Names are checked (:mod:`accel_core.dra.names`) before a request is made, and lightkube builds the request path
-from the resource type, namespace and name. lightkube decodes the answer into its typed ``ResourceClaim`` and
-refuses a body of the wrong shape (a list where an object belongs, a number for a name, a missing required field);
-that is a ClaimError naming the bad field, like every other problem with the claim.
+Names are checked (:mod:`accel_core.dra.names`) before a request is made; only checked names go into the request
+path (built by :mod:`accel_core.dra.claimget` or by lightkube). Either way the answer is decoded into lightkube's
+typed ``ResourceClaim``, and a body of the wrong shape (a list where an object belongs, a number for a name, a
+missing required field) is a ClaimError naming the bad field, like every other problem with the claim.
 """
 
 from __future__ import annotations

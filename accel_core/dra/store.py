@@ -71,21 +71,8 @@ class ClaimStore:
                 return claim
         return None
 
-    def put(self, claim: PreparedClaim) -> None:
-        """Add or replace an entry and write the checkpoint (OSError propagates; the entry is rolled back)."""
-        previous = self._claims.get(claim.uid)
-        self._claims[claim.uid] = claim
-        try:
-            self._save()
-        except OSError:
-            if previous is None:
-                self._claims.pop(claim.uid, None)
-            else:
-                self._claims[claim.uid] = previous
-            raise
-
     def put_many(self, claims: Sequence[PreparedClaim]) -> None:
-        """:meth:`put` for several entries with one checkpoint write (all rolled back when it fails)."""
+        """Add or replace entries with one checkpoint write (OSError propagates, and then all are rolled back)."""
         previous = {c.uid: self._claims.get(c.uid) for c in claims}
         self._claims.update((c.uid, c) for c in claims)
         try:
@@ -97,9 +84,6 @@ class ClaimStore:
                 else:
                     self._claims[uid] = before
             raise
-
-    def remove(self, uid: str) -> PreparedClaim | None:
-        return self.remove_many([uid]).get(uid)
 
     def remove_many(self, uids: Sequence[str]) -> dict[str, PreparedClaim]:
         """Drop the entries that exist with one checkpoint write; returns them (OSError propagates, and then every
