@@ -173,3 +173,31 @@ def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one() -> N
     claims = asyncio.run(scenario())
     assert all(c is not None and c.metadata is not None and c.metadata.uid == "u-1" for c in claims)
     assert connections == 3, "each read after a closed connection opened a new one"
+
+
+def test_a_token_file_that_would_split_the_header_is_a_claim_error(tmp_path: Path) -> None:
+    """The token goes into an HTTP header: a file holding a line break (or other control bytes) must not inject
+    a header or crash the reader; it fails the read with a clear error, and nothing reaches the server."""
+    token = tmp_path / "token"
+    token.write_text("good\r\nX-Injected: 1\n")
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("X-Injected", ""))
+        return web.json_response(CLAIM)
+
+    async def scenario() -> str:
+        async with api(handler) as server:
+            reader = DirectClaimGet.from_config(config(server, {"tokenFile": str(token)}), keepalive=60)
+            assert reader is not None
+            try:
+                await reader.get("ns", "c")
+            except ClaimError as exc:
+                return str(exc)
+            finally:
+                await reader.close()
+        return "no error"
+
+    message = asyncio.run(scenario())
+    assert message.startswith("reading the claim from the API server failed: LocalProtocolError"), message
+    assert seen == [], "no request was sent"
