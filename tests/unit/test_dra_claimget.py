@@ -47,6 +47,18 @@ async def api(handler: Callable[[web.Request], Any]) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+async def read_once(server: str, user: dict[str, Any]) -> Any:
+    """One read by a fresh reader: the claim (or None), or the ClaimError it raised."""
+    reader = DirectClaimGet.from_config(config(server, user), keepalive=60)
+    assert reader is not None
+    try:
+        return await reader.get("ns", "c")
+    except ClaimError as exc:
+        return exc
+    finally:
+        await reader.close()
+
+
 @pytest.mark.parametrize(("user", "direct"), [
     ({"token": "t"}, True),
     ({"tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}, True),  # in-cluster
@@ -113,14 +125,7 @@ def test_answers_that_are_not_a_claim(status: int, body: Any, expected: str | No
 
     async def scenario() -> Any:
         async with api(handler) as server:
-            reader = DirectClaimGet.from_config(config(server, {"token": "t"}), keepalive=60)
-            assert reader is not None
-            try:
-                return await reader.get("ns", "c")
-            except ClaimError as exc:
-                return exc
-            finally:
-                await reader.close()
+            return await read_once(server, {"token": "t"})
 
     got = asyncio.run(scenario())
     if expected is None:
@@ -130,19 +135,9 @@ def test_answers_that_are_not_a_claim(status: int, body: Any, expected: str | No
 
 
 def test_nothing_listening_is_a_claim_error_not_a_crash() -> None:
-    async def scenario() -> str:
-        reader = DirectClaimGet.from_config(config("http://127.0.0.1:1", {"token": "t"}), keepalive=60)
-        assert reader is not None
-        try:
-            await reader.get("ns", "c")
-        except ClaimError as exc:
-            return str(exc)
-        finally:
-            await reader.close()
-        return "no error"
-
-    assert asyncio.run(scenario()).startswith(
-        "reading the claim from the API server failed: ConnectionRefusedError")
+    got = asyncio.run(read_once("http://127.0.0.1:1", {"token": "t"}))
+    assert isinstance(got, ClaimError), got
+    assert str(got).startswith("reading the claim from the API server failed: ConnectionRefusedError")
 
 
 def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one() -> None:
@@ -186,18 +181,11 @@ def test_a_token_file_that_would_split_the_header_is_a_claim_error(tmp_path: Pat
         seen.append(request.headers.get("X-Injected", ""))
         return web.json_response(CLAIM)
 
-    async def scenario() -> str:
+    async def scenario() -> Any:
         async with api(handler) as server:
-            reader = DirectClaimGet.from_config(config(server, {"tokenFile": str(token)}), keepalive=60)
-            assert reader is not None
-            try:
-                await reader.get("ns", "c")
-            except ClaimError as exc:
-                return str(exc)
-            finally:
-                await reader.close()
-        return "no error"
+            return await read_once(server, {"tokenFile": str(token)})
 
-    message = asyncio.run(scenario())
-    assert message.startswith("reading the claim from the API server failed: LocalProtocolError"), message
+    got = asyncio.run(scenario())
+    assert isinstance(got, ClaimError), got
+    assert str(got).startswith("reading the claim from the API server failed: LocalProtocolError"), got
     assert seen == [], "no request was sent"
