@@ -49,6 +49,26 @@ def _edits_json(edits: ContainerEdits) -> dict[str, Any]:
     return out
 
 
+def _create(path: Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` (mode 0644); False when it already exists. A failed write removes it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.fchmod(fd, 0o644)  # whatever the umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+    return True
+
+
 class CdiSpecWriter:
     """Writes and removes per-claim transient CDI specs for one kind ``<vendor>/<cls>``."""
 
@@ -92,17 +112,23 @@ class CdiSpecWriter:
 
     def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
               common: ContainerEdits | None = None) -> list[str]:
-        """Write the spec for ``spec_id`` (a claim UID) atomically; return the fully qualified device IDs.
+        """Write the spec for ``spec_id`` (a claim UID); return the fully qualified device IDs.
 
-        Atomic (temp file and rename) but not synced to disk: a spec is derived state, re-created from the durable
-        checkpoint at start (the CDI root is a tmpfs on most hosts anyway), so a power loss that eats it costs
-        nothing, and a prepare does not pay a sync per spec."""
+        A new spec is created in place (one ``open``, one ``write``): no container runtime acts on a claim's spec
+        before the kubelet has the prepare's answer, which comes after the write. An existing spec (re-created
+        after a restart) is replaced atomically (temp file and rename), since a runtime may be reading it. Neither
+        is synced to disk: a spec is derived state, re-created from the durable checkpoint at start (the CDI root
+        is a tmpfs on most hosts anyway), so a power loss that eats it costs nothing, and a prepare does not pay a
+        sync per spec. A kill mid-write leaves a partial spec, which start removes (no entry refers to it) or
+        rewrites (an entry does: :meth:`matches` fails)."""
         text, ids = self.render(spec_id, devices, common)
+        path = self.spec_path(spec_id)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(self.spec_path(spec_id), text, mode=0o644, durable=False)
+            if not _create(path, text.encode()):
+                atomic_write_text(path, text, mode=0o644, durable=False)
         except OSError as exc:
-            raise CdiError(f"cannot write CDI spec {self.spec_path(spec_id)}: {exc}") from exc
+            raise CdiError(f"cannot write CDI spec {path}: {exc}") from exc
         return ids
 
     def matches(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],

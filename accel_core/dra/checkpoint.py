@@ -1,4 +1,21 @@
-"""An atomic, checksummed JSON checkpoint for prepared claims, tagged with the host's boot ID.
+"""The prepared-claims checkpoint: a checksummed JSON snapshot, plus a journal of the changes made since.
+
+- ``checkpoint.json`` (the snapshot) holds every entry, the host's boot ID and the ID of the journal that goes
+  with it. It is replaced atomically and durably (temp file, fsync, rename, directory fsync) when the journal is
+  full, when the boot ID changes, and on a clean stop.
+- ``checkpoint.journal`` is a file of fixed size, written full of zero bytes once. Each prepare or unprepare
+  request writes one record into it, in place after the previous one, and ``fdatasync``\\ s it before the kubelet
+  gets an answer: no file is created or renamed, and only the changed entries are written (a snapshot write
+  costs several times as much, and grows with the number of claims).
+- A record is one line: the change as compact JSON (journal ID, sequence number, entries put, UIDs deleted), a
+  tab, and the SHA-256 of that JSON. Records are read in order until the first one that does not check out: zero
+  bytes (never written), a torn record (a power loss mid-write, never answered), or a record of an earlier journal
+  (left behind when a new snapshot started a new journal). A damaged record followed by intact records of the same
+  journal is corruption, not a torn end, and the checkpoint is then refused.
+
+Several processes may share the files (the old and new pod of a rolling update, serialized by the DRA plugin's
+file lock): :meth:`CheckpointFile.refresh` reads the records another process added since, and reloads everything
+when the snapshot was replaced.
 
 Fail closed on a corrupt file for prepare (the caller refuses to guess), stay lenient for unprepare: ``load``
 raises CheckpointError and the caller decides. A boot ID different from the current one means the host rebooted:
@@ -7,16 +24,28 @@ transient state (CDI specs under /var/run) is gone and must be re-created.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from accel_core.atomic import atomic_write_text, clean_stale_temp_files
 from accel_core.hostfiles import HostValueError, read_label
 
 CHECKPOINT_VERSION = "v1"
+#: Room for a few hundred prepares and unprepares between two snapshots.
+JOURNAL_BYTES = 256 * 1024
+#: The first read of a refresh (usually it finds nothing new: zero bytes, or an earlier journal's record).
+_REFRESH_CHUNK = 8192
+_DIGEST_CHARS = 64
 
 
 class CheckpointError(Exception):
@@ -31,6 +60,13 @@ class Checkpoint:
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+class _Record(msgspec.Struct, forbid_unknown_fields=True):
+    journal: str
+    seq: int
+    put: dict[str, dict[str, Any]] = {}
+    delete: list[str] = []
+
+
 def _canonical(body: dict[str, Any]) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
@@ -39,19 +75,123 @@ def _checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(body).encode()).hexdigest()
 
 
+def encode_record(journal: str, seq: int, put: Mapping[str, dict[str, Any]], delete: Iterable[str]) -> bytes:
+    """One journal line: the change as JSON, a tab, its SHA-256 in hex, a newline."""
+    body = msgspec.json.encode(_Record(journal, seq, dict(put), list(delete)))
+    return body + b"\t" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def _valid_line(line: bytes, where: str) -> _Record | None:
+    """The record a line holds when its checksum matches, else None. A line whose checksum matches but that is not
+    a record (written by something else, or by a bug) is a CheckpointError."""
+    body, tab, digest = line.rpartition(b"\t")
+    if not tab or len(digest) != _DIGEST_CHARS or hashlib.sha256(body).hexdigest().encode() != digest:
+        return None
+    try:
+        return msgspec.json.decode(body, type=_Record)
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(f"journal {where} holds a record that is not a checkpoint change: {exc}") from exc
+
+
+def decode_records(data: bytes, journal: str, seq: int, where: str) -> tuple[list[_Record], int]:
+    """The records of ``journal`` from ``seq`` on at the start of ``data``, in order, and the bytes they take."""
+    records: list[_Record] = []
+    used = 0
+    while True:
+        end = data.find(b"\n", used)
+        if end < 0:
+            break
+        record = _valid_line(data[used:end], where)
+        if record is None or record.journal != journal or record.seq != seq:
+            break
+        records.append(record)
+        seq += 1
+        used = end + 1
+    return records, used
+
+
+def _damage_after(data: bytes, journal: str, seq: int, where: str) -> None:
+    """CheckpointError when an intact record of ``journal`` numbered ``seq`` or later lies beyond the end of the
+    readable records: then a record in between was damaged, and entries would be lost silently."""
+    for line in data.split(b"\n"):
+        try:
+            record = _valid_line(line, where)
+        except CheckpointError:
+            continue
+        if record is not None and record.journal == journal and record.seq >= seq:
+            raise CheckpointError(f"journal {where} is damaged before its record {record.seq}; "
+                                  "the prepared claims it holds cannot be trusted")
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class CheckpointFile:
-    """Reads and writes one checkpoint file atomically."""
+    """The snapshot ``path`` and its journal beside it (``<stem>.journal``), as one durable map of entries."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.journal_path = self.path.with_suffix(".journal")
+        self.current = Checkpoint()
+        self._journal = ""  # the journal ID the snapshot names
+        self._seq = 1  # the next record's number
+        self._offset = 0  # where the next record goes
+        self._fd: int | None = None
+        self._snapshot: tuple[int, int, int, int] | None = None
+        self._journal_inode: tuple[int, int] | None = None
+        self._rewrite = False  # the next change writes a snapshot (the journal is unusable until then)
 
+    # -- reading ---------------------------------------------------------------------------------------------------
     def load(self) -> Checkpoint:
-        """Read the checkpoint (done once at start; it also removes temp files a killed writer left beside it)."""
+        """Read the snapshot and apply its journal (done at start, and by :meth:`refresh` after another process
+        wrote a snapshot; it also removes temp files a killed writer left beside them)."""
         clean_stale_temp_files(self.path.parent)
+        self.close()
+        self.current, self._journal, self._snapshot = self._read_snapshot()
+        self._seq, self._offset, self._rewrite = 1, 0, False
+        self._open_journal()
+        if self._fd is not None and self._journal:
+            data = os.pread(self._fd, JOURNAL_BYTES, 0)
+            records, used = decode_records(data, self._journal, 1, str(self.journal_path))
+            _damage_after(data[used:], self._journal, 1 + len(records), str(self.journal_path))
+            self._apply(records, used)
+        return self.current
+
+    def refresh(self) -> Checkpoint | None:
+        """What another process recorded since the last look: the whole new state, or None when nothing changed."""
         try:
-            raw = self.path.read_text()
+            snapshot: tuple[int, int, int, int] | None = _identity(os.stat(self.path))
         except FileNotFoundError:
-            return Checkpoint()
+            snapshot = None
+        except OSError as exc:
+            raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}") from exc
+        if snapshot != self._snapshot or self._journal_replaced():
+            return self.load()
+        if self._fd is None or not self._journal:
+            return None
+        records: list[_Record] = []
+        chunk = _REFRESH_CHUNK
+        while self._offset < JOURNAL_BYTES:
+            asked = min(chunk, JOURNAL_BYTES - self._offset)
+            data = os.pread(self._fd, asked, self._offset)
+            found, used = decode_records(data, self._journal, self._seq, str(self.journal_path))
+            self._apply(found, used)
+            records += found
+            rest = data[used:]
+            if len(data) < asked or b"\n" in rest or not rest.strip(b"\0"):
+                break  # the end of the file, a line that is not our next record, or never-written bytes
+            if not found:
+                chunk *= 2  # a record longer than what was read
+        return self.current if records else None
+
+    def _read_snapshot(self) -> tuple[Checkpoint, str, tuple[int, int, int, int] | None]:
+        try:
+            with open(self.path, "rb") as fh:
+                raw = fh.read()
+                identity = _identity(os.fstat(fh.fileno()))
+        except FileNotFoundError:
+            return Checkpoint(), "", None
         except OSError as exc:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}") from exc
         try:
@@ -64,19 +204,105 @@ class CheckpointFile:
             claims = body["claims"]
             if not isinstance(claims, dict):
                 raise CheckpointError(f"checkpoint {self.path}: 'claims' is not an object")
-            return Checkpoint(boot_id=str(body.get("bootId", "")), claims=claims)
+            journal = body.get("journal", "")
+            if not isinstance(journal, str):
+                raise CheckpointError(f"checkpoint {self.path}: 'journal' is not a string")
+            return Checkpoint(boot_id=str(body.get("bootId", "")), claims=claims), journal, identity
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc}") from exc
 
+    def _open_journal(self) -> None:
+        """Open the journal for reading and writing; a missing or odd-sized one is replaced by the next change."""
+        try:
+            fd = os.open(self.journal_path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._rewrite = True
+            return
+        except OSError as exc:
+            raise CheckpointError(f"cannot open journal {self.journal_path}: {exc}") from exc
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise CheckpointError(f"journal {self.journal_path} is not a regular file")
+        self._fd = fd
+        self._journal_inode = (st.st_dev, st.st_ino)
+        if st.st_size != JOURNAL_BYTES:
+            self._rewrite = True
+
+    def _journal_replaced(self) -> bool:
+        try:
+            st = os.stat(self.journal_path)
+        except FileNotFoundError:
+            return self._fd is not None
+        return (st.st_dev, st.st_ino) != self._journal_inode
+
+    def _apply(self, records: list[_Record], used: int) -> None:
+        for record in records:
+            self.current.claims.update(record.put)
+            for uid in record.delete:
+                self.current.claims.pop(uid, None)
+        self._seq += len(records)
+        self._offset += used
+
+    @property
+    def journaled(self) -> int:
+        """How many changes are in the journal only (not yet in a snapshot)."""
+        return self._seq - 1
+
+    # -- writing ---------------------------------------------------------------------------------------------------
+    def record(self, put: Mapping[str, dict[str, Any]], delete: Iterable[str],
+               snapshot: Callable[[], Checkpoint]) -> None:
+        """Make a change durable: one journal record, or a new snapshot (``snapshot()``, the whole state after the
+        change) when the journal is full or unusable. OSError propagates; the change is then not recorded."""
+        delete = list(delete)
+        if self._fd is None or self._rewrite or not self._journal:
+            self.save(snapshot())
+            return
+        line = encode_record(self._journal, self._seq, put, delete)
+        if self._offset + len(line) > JOURNAL_BYTES:
+            self.save(snapshot())
+            return
+        try:
+            written = os.pwrite(self._fd, line, self._offset)
+            if written != len(line):
+                raise OSError(f"short write to journal {self.journal_path} ({written} of {len(line)} bytes)")
+            os.fdatasync(self._fd)
+        except OSError:
+            self._rewrite = True  # what reached the disk is unknown: the next change writes a snapshot
+            raise
+        self._apply([_Record(self._journal, self._seq, dict(put), delete)], len(line))
+
     def save(self, checkpoint: Checkpoint) -> None:
-        """Write atomically and durably (one file sync, one directory sync). The body is serialized once, in the
-        canonical form its checksum covers (compact, sorted keys), and spliced into the document."""
-        body = _canonical({"version": CHECKPOINT_VERSION, "bootId": checkpoint.boot_id, "claims": checkpoint.claims})
+        """Write a new snapshot atomically and durably, naming a new journal (records of the old one no longer
+        count). The body is serialized once, in the canonical form its checksum covers."""
+        journal = secrets.token_hex(8)
+        body = _canonical({"version": CHECKPOINT_VERSION, "bootId": checkpoint.boot_id, "journal": journal,
+                           "claims": checkpoint.claims})
         checksum = hashlib.sha256(body.encode()).hexdigest()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, f'{{"body":{body},"checksum":"{checksum}"}}\n')
+        self._snapshot = _identity(os.stat(self.path))
+        self.current = Checkpoint(checkpoint.boot_id, dict(checkpoint.claims))
+        self._journal, self._seq, self._offset = journal, 1, 0
+        if self._fd is None or self._rewrite or self._journal_replaced():
+            self._create_journal()
+        self._rewrite = False
+
+    def _create_journal(self) -> None:
+        self.close()
+        atomic_write_text(self.journal_path, "\0" * JOURNAL_BYTES)
+        self._open_journal()
+        if self._fd is None:
+            raise OSError(f"journal {self.journal_path} vanished right after it was written")
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = None
+        self._journal_inode = None
 
 
 def read_boot_id(host_root: Path) -> str:

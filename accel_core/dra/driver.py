@@ -9,16 +9,19 @@ before anything is read or recorded):
    this driver in this node's pool are kept;
 3. opaque configs are decoded strictly (class configs first, claim configs win);
 4. the profile turns each request's devices and config into container edits (and refuses unknown devices);
-5. no device may be held by another claim (the last line of defence against handing a device out twice);
-6. the CDI names are checked, the CDI spec is written (atomically, not synced), and then the checkpoint records
-   the claim ``PrepareCompleted`` with one durable write; only then does the kubelet get an answer.
+5. no device may be held by another claim (the last line of defence against handing a device out twice), checked
+   against the checkpoint as it is on disk (another process, the other pod of a rolling update, may have recorded
+   or removed claims: :meth:`ClaimStore.refresh`);
+6. the CDI names are checked, the CDI spec is written (not synced), and then the checkpoint records the claim
+   ``PrepareCompleted`` with one durable journal record; only then does the kubelet get an answer.
 
 The checkpoint is the one durable record; CDI specs are derived from it. A kill at any point leaves a state the
-next start repairs (:meth:`DraDriver.restore`, :meth:`DraDriver.remove_orphan_specs`): killed before the
-checkpoint write, the claim was never answered and its spec is an orphan that start removes (the kubelet retries
-the prepare); killed after it, the entry holds the devices and start re-creates a spec that is missing or damaged
-(say by a power loss before the page cache reached the disk). ``PrepareStarted`` entries, written by earlier
-versions before their CDI spec, still reserve their devices until the kubelet retries or the cleanup drops them.
+next start repairs (:meth:`DraDriver.restore`, :meth:`DraDriver.remove_orphan_specs`): killed before its
+journal record was written, the claim was never answered and its spec is an orphan that start removes (the
+kubelet retries the prepare); killed after it, the entry holds the devices and start re-creates a spec that is
+missing or damaged (say by a power loss before the page cache reached the disk). ``PrepareStarted`` entries,
+written by earlier versions before their CDI spec, still reserve their devices until the kubelet retries or the
+cleanup drops them.
 
 Unprepare removes the CDI spec and the checkpoint entry; an unknown claim (already unprepared, or never prepared
 here) is not an error, and the API server is never consulted, so deleted claims unprepare fine. Whatever the
@@ -27,7 +30,7 @@ keep its devices reserved for ever.
 
 A request with several claims (:meth:`DraDriver.prepare_batch`, :meth:`DraDriver.unprepare_batch`) does the same
 steps claim by claim, but reads the claims from the API server at once and records them together: their CDI
-specs, then one checkpoint write for all. Devices are checked against the claims planned earlier in the same
+specs, then one journal record for all. Devices are checked against the claims planned earlier in the same
 request, too. Each phase's time is observed in ``<prefix>_prepare_phase_duration_seconds``.
 
 Everything that touches files (the device-plugin guard, the checkpoint and CDI writes) runs in a worker
@@ -165,23 +168,26 @@ class DraDriver:
     async def _prepare_many(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | Exception]:
         out: dict[str, list[PreparedDevice] | Exception] = {}
         fresh: list[ClaimRef] = []
+        known: list[ClaimRef] = []  # prepared already, as far as this process knows
         for claim in claims:
-            if claim.uid in out or any(c.uid == claim.uid for c in fresh):
+            if claim.uid in out or any(c.uid == claim.uid for c in (*fresh, *known)):
                 continue  # the same claim twice in one request gets one answer
             try:
                 check_claim_ref(claim)
                 if self.store.error:
-                    raise ClaimError(f"checkpoint {self.store.path} is unusable ({self.store.error}); refusing to "
-                                     "prepare so no device is handed out twice")
-                existing = self.store.get(claim.uid)
-                if existing is not None and existing.state == STATE_COMPLETED:
-                    await asyncio.to_thread(self._ensure_spec, existing)
-                    out[claim.uid] = existing.prepared_devices(self.cdi.qualified)
-                    continue
+                    raise self._unusable()
             except ClaimError as exc:
                 out[claim.uid] = exc
                 continue
-            fresh.append(claim)
+            existing = self.store.get(claim.uid)
+            (known if existing is not None and existing.state == STATE_COMPLETED else fresh).append(claim)
+        if known:
+            again = await asyncio.to_thread(self._answer_again, known)
+            for claim in known:
+                if claim.uid in again:
+                    out[claim.uid] = again[claim.uid]
+                else:  # another process unprepared it meanwhile
+                    fresh.append(claim)
         if not fresh:
             return out
         read_start = time.perf_counter()
@@ -196,8 +202,8 @@ class DraDriver:
                 if isinstance(data, BaseException):
                     raise data
                 plan = self._plan(claim, data)
-                for device in plan.devices:
-                    holder = self.store.holder(device, other_than=claim.uid) or planned.get(device)
+                for device in plan.devices:  # (against recorded claims: in the write thread, after a refresh)
+                    holder = planned.get(device)
                     if holder is not None:
                         raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
                 try:
@@ -234,15 +240,19 @@ class DraDriver:
         return data
 
     def _record(self, plans: Sequence[PreparedClaim]) -> dict[str, PreparedClaim | ClaimError]:
-        """Check the guard (a blocked node fails every planned claim and records nothing), write the CDI specs, then
-        record every claim whose spec was written with one durable checkpoint write, all in one worker thread (one
-        thread hop per request; two threads writing at once measured slower). When that write fails, the specs go
-        again: no answer may refer to them. A kill in between is repaired at start (:meth:`remove_orphan_specs`)."""
+        """Check the guard (a blocked node fails every planned claim and records nothing), take in what another
+        process recorded meanwhile, write the CDI specs, then record every claim whose spec was written with one
+        durable checkpoint write, all in one worker thread (one thread hop per request; two threads writing at once
+        measured slower). When that write fails, the specs go again: no answer may refer to them. A kill in
+        between is repaired at start (:meth:`remove_orphan_specs`)."""
         reason = self._guard()
         if reason:
             return {p.uid: ClaimError(reason) for p in plans}
+        out: dict[str, PreparedClaim | ClaimError] = {}
+        self.store.refresh()
+        plans = self._check_recorded(plans, out)
         failed = self._write_specs(plans)
-        out: dict[str, PreparedClaim | ClaimError] = dict(failed)
+        out.update(failed)
         written = [p for p in plans if p.uid not in failed]
         if not written:
             return out
@@ -256,6 +266,52 @@ class DraDriver:
         else:
             out.update({p.uid: p for p in written})
         return out
+
+    def _check_recorded(self, plans: Sequence[PreparedClaim], out: dict[str, PreparedClaim | ClaimError]
+                        ) -> list[PreparedClaim]:
+        """The plans to record, checked against the recorded claims (fresh from the checkpoint: another process
+        may have recorded some): a claim prepared meanwhile keeps that answer, and a plan holding a device another
+        claim holds fails (``out`` gets both). The last line of defence against handing a device out twice."""
+        keep = []
+        for plan in plans:
+            if self.store.error:
+                out[plan.uid] = self._unusable()
+                continue
+            existing = self.store.get(plan.uid)
+            if existing is not None and existing.state == STATE_COMPLETED:
+                out[plan.uid] = existing
+                continue
+            taken = [(d, h) for d in plan.devices if (h := self.store.holder(d, other_than=plan.uid)) is not None]
+            if taken:
+                device, holder = taken[0]
+                out[plan.uid] = ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
+                continue
+            keep.append(plan)
+        return keep
+
+    def _answer_again(self, known: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | ClaimError]:
+        """The answers of claims recorded as prepared (their specs re-created if missing), after taking in what
+        another process recorded; a claim no longer recorded is left out (it is prepared afresh)."""
+        self.store.refresh()
+        out: dict[str, list[PreparedDevice] | ClaimError] = {}
+        for claim in known:
+            if self.store.error:
+                out[claim.uid] = self._unusable()
+                continue
+            existing = self.store.get(claim.uid)
+            if existing is None or existing.state != STATE_COMPLETED:
+                continue
+            try:
+                self._ensure_spec(existing)
+            except ClaimError as exc:
+                out[claim.uid] = exc
+                continue
+            out[claim.uid] = existing.prepared_devices(self.cdi.qualified)
+        return out
+
+    def _unusable(self) -> ClaimError:
+        return ClaimError(f"checkpoint {self.store.path} is unusable ({self.store.error}); refusing to prepare so "
+                          "no device is handed out twice")
 
     def _write_specs(self, plans: Sequence[PreparedClaim]) -> dict[str, ClaimError]:
         """Every plan's CDI spec; the UIDs whose spec could not be written, with the error."""
@@ -327,6 +383,7 @@ class DraDriver:
 
     def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
+        self.store.refresh()  # another process may have recorded (or removed) these claims meanwhile
         for claim in claims:
             out[claim.uid] = None
             try:

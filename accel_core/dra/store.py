@@ -1,6 +1,8 @@
-"""Prepared claims in memory, mirrored to an atomic checkpoint file on every change.
+"""Prepared claims in memory, mirrored to the checkpoint (:mod:`accel_core.dra.checkpoint`) on every change.
 
-A prepare records its claims ``PrepareCompleted`` once their CDI specs are written, with one write per request.
+A prepare records its claims ``PrepareCompleted`` once their CDI specs are written, with one journal record per
+request (a snapshot now and then). Before a request changes anything, :meth:`ClaimStore.refresh` takes in what
+another process (the other pod of a rolling update) recorded meanwhile.
 ``PrepareStarted`` entries (written by earlier versions before the CDI spec) are still read, and reserve their
 devices like completed ones. The file carries the boot ID, so a restore can tell a restart from a reboot.
 
@@ -46,10 +48,7 @@ class ClaimStore:
             checkpoint = self.file.load()
             claims = {uid: PreparedClaim.from_json(uid, entry) for uid, entry in checkpoint.claims.items()}
         except (CheckpointError, ValueError) as exc:
-            self.error = str(exc)
-            self._claims = {}
-            log.error("checkpoint unusable: prepares are refused until it is fixed or moved away",
-                      extra=kv(path=str(self.path), error=self.error))
+            self._fail(exc)
             return LoadResult(0, "", False)
         self.error = None
         self._claims = claims
@@ -57,6 +56,31 @@ class ClaimStore:
         if checkpoint.boot_id != self.boot_id and claims:
             self._save()  # record the current boot
         return LoadResult(len(claims), checkpoint.boot_id, rebooted)
+
+    def refresh(self) -> bool:
+        """Take in what another process recorded since the last look; True when anything changed. A checkpoint
+        that became unusable meanwhile sets :attr:`error` (prepares then refuse)."""
+        if self.error:
+            return False
+        try:
+            checkpoint = self.file.refresh()
+            if checkpoint is None:
+                return False
+            self._claims = {uid: PreparedClaim.from_json(uid, entry) for uid, entry in checkpoint.claims.items()}
+        except (CheckpointError, ValueError) as exc:
+            self._fail(exc)
+        return True
+
+    def compact(self) -> None:
+        """Fold the journal into a new snapshot (on a clean stop: an older driver reads the snapshot alone)."""
+        if not self.error and self.file.journaled:
+            self._save()
+
+    def _fail(self, exc: Exception) -> None:
+        self.error = str(exc)
+        self._claims = {}
+        log.error("checkpoint unusable: prepares are refused until it is fixed or moved away",
+                  extra=kv(path=str(self.path), error=self.error))
 
     def get(self, uid: str) -> PreparedClaim | None:
         return self._claims.get(uid)
@@ -72,11 +96,12 @@ class ClaimStore:
         return None
 
     def put_many(self, claims: Sequence[PreparedClaim]) -> None:
-        """Add or replace entries with one checkpoint write (OSError propagates, and then all are rolled back)."""
+        """Add or replace entries with one durable checkpoint write (OSError propagates, and then all are rolled
+        back)."""
         previous = {c.uid: self._claims.get(c.uid) for c in claims}
         self._claims.update((c.uid, c) for c in claims)
         try:
-            self._save()
+            self.file.record({c.uid: c.to_json() for c in claims}, (), self._snapshot)
         except OSError:
             for uid, before in previous.items():
                 if before is None:
@@ -91,11 +116,14 @@ class ClaimStore:
         removed = {uid: self._claims.pop(uid) for uid in dict.fromkeys(uids) if uid in self._claims}
         if removed:
             try:
-                self._save()
+                self.file.record({}, list(removed), self._snapshot)
             except OSError:
                 self._claims.update(removed)
                 raise
         return removed
 
+    def _snapshot(self) -> Checkpoint:
+        return Checkpoint(self.boot_id, {uid: c.to_json() for uid, c in self._claims.items()})
+
     def _save(self) -> None:
-        self.file.save(Checkpoint(self.boot_id, {uid: c.to_json() for uid, c in self._claims.items()}))
+        self.file.save(self._snapshot())

@@ -23,6 +23,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.dra.checkpoint import CheckpointFile
 from accel_core.kubeletapi.constants import DRA_V1_SERVICE
 
 Wait = Callable[..., Any]
@@ -177,9 +178,8 @@ class DriverProcess:
         return data
 
     def checkpoint_claims(self) -> dict[str, Any]:
-        path = self.kubelet_root / "plugins" / self.kind.driver / "checkpoint.json"
-        claims: dict[str, Any] = json.loads(path.read_text())["body"]["claims"]
-        return claims
+        """The entries a restarted driver would find (snapshot and journal, read as the driver reads them)."""
+        return CheckpointFile(self.kubelet_root / "plugins" / self.kind.driver / "checkpoint.json").load().claims
 
 
 def node_slices(client: Client, node: str, driver: str) -> list[dict[str, Any]]:

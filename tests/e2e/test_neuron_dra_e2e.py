@@ -351,8 +351,7 @@ def test_trn2_seed_templates_allocate_prepare_and_clean_up(
         assert prepare(kubelet, claim, unprepare=True)[claim["metadata"]["uid"]].error == ""
         assert cdi_spec(driver, claim) is None
 
-    checkpoint = json.loads((driver.kubelet_root / "plugins" / DRIVER / "checkpoint.json").read_text())
-    assert checkpoint["body"]["claims"] == {}
+    assert driver.checkpoint_claims() == {}
     assert driver.stop() == 0, driver.tail()
 
 

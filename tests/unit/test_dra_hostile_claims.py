@@ -244,7 +244,7 @@ def test_unprepare_always_clears_an_entry_and_frees_its_devices(rig: Rig, uid: s
     assert "already prepared" in rig.prepare(ClaimRef("ns", "u-other", "other"))["u-other"][1]
     assert rig.unprepare(ClaimRef("ns", uid, "c"))[uid][1] == ""
     assert rig.store.claims() == []
-    assert json.loads(rig.checkpoint.read_text())["body"]["claims"] == {}
+    assert CheckpointFile(rig.checkpoint).load().claims == {}
     assert rig.prepare(ClaimRef("ns", "u-other", "other"))["u-other"][1] == ""
 
 

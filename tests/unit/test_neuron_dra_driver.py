@@ -20,6 +20,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
 from accel_core import atomic
+from accel_core.dra import checkpoint
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
 from accel_core.dra.cleanup import StaleClaimCleaner
@@ -169,7 +170,7 @@ def test_unprepare_is_idempotent_and_needs_no_api(rig: Rig) -> None:
     rig.unprepare(ClaimRef("ns", "never-seen", "ghost"))
     assert rig.reader.reads == reads
     assert not rig.cdi.exists("u-1") and rig.store.get("u-1") is None
-    assert json.loads(rig.store.path.read_text())["body"]["claims"] == {}
+    assert CheckpointFile(rig.store.path).load().claims == {}, "a restarted driver finds no entry"
 
 
 def test_restart_restores_claims_and_recreates_missing_cdi_specs(rig: Rig) -> None:
@@ -227,7 +228,8 @@ def test_failed_checkpoint_write_removes_the_spec(rig: Rig, monkeypatch: pytest.
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:
-        m.setattr(rig.store.file, "save", disk_full)
+        m.setattr(os, "fdatasync", disk_full)  # the journal record's sync
+        m.setattr(rig.store.file, "save", disk_full)  # and a snapshot, should the journal be full
         with pytest.raises(ClaimError, match=r"cannot record the prepared claim in checkpoint .*No space left"):
             rig.prepare(ref)
     assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
@@ -235,37 +237,73 @@ def test_failed_checkpoint_write_removes_the_spec(rig: Rig, monkeypatch: pytest.
     assert rig.prepare(other)[0].device == "neuron-device-2"
 
 
-# Where a SIGKILL lands in a one-claim prepare: before or after the rename of the CDI spec or of the checkpoint into
-# place, or after the checkpoint directory's sync; and whether the claim is then recorded (the checkpoint decides).
+# Where a SIGKILL lands in a one-claim prepare, and whether the claim is then recorded (the checkpoint decides):
+# around the CDI spec's write, around its journal record's write and sync, and, when the journal is full and a
+# snapshot is written instead, around the snapshot's rename and its directory's sync. A record written but not yet
+# synced survives a killed process (the page cache outlives it); only a power loss could drop it, and then the
+# kubelet never had an answer either.
 KILL_POINTS = {
-    "cdi-temp-written": ("spec", "before", False),
-    "cdi-spec-renamed": ("spec", "after", False),
-    "checkpoint-temp-synced": ("checkpoint", "before", False),
-    "checkpoint-renamed": ("checkpoint", "after", True),
-    "checkpoint-dir-synced": ("checkpoint-dir", "after", True),
+    "cdi-spec-created": ("spec-write", "before", False),
+    "cdi-spec-written": ("spec-write", "after", False),
+    "journal-record-written": ("journal-write", "after", True),
+    "journal-record-synced": ("journal-sync", "after", True),
+    "snapshot-temp-synced": ("snapshot", "before", False),
+    "snapshot-renamed": ("snapshot", "after", True),
+    "snapshot-dir-synced": ("snapshot-dir", "after", True),
 }
 
 
 def _prepare_then_die(rig: Rig, ref: ClaimRef, target: str, when: str) -> None:
-    """In a forked child: run the prepare and SIGKILL this process around the chosen rename or sync."""
-    paths = {"spec": str(rig.cdi.spec_path(ref.uid)), "checkpoint": str(rig.store.path)}
-    real_replace, real_sync_dir = os.replace, atomic.fsync_dir
+    """In a forked child: run the prepare and SIGKILL this process around the chosen write, rename or sync."""
+    spec, snapshot = str(rig.cdi.spec_path(ref.uid)), str(rig.store.path)
+    journal = str(rig.store.file.journal_path)
+    real_replace, real_sync_dir, real_write = os.replace, atomic.fsync_dir, os.write
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def names(fd: int, path: str) -> bool:
+        return os.readlink(f"/proc/self/fd/{fd}") == path
 
     def replace(src: Any, dst: Any) -> None:
-        hit = str(dst) == paths.get(target)
+        hit = target == "snapshot" and str(dst) == snapshot
         if hit and when == "before":
-            os.kill(os.getpid(), signal.SIGKILL)
+            die()
         real_replace(src, dst)
         if hit:
-            os.kill(os.getpid(), signal.SIGKILL)
+            die()
 
     def sync_dir(directory: Path) -> None:
         real_sync_dir(directory)
-        if target == "checkpoint-dir" and Path(directory) == rig.store.path.parent:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if target == "snapshot-dir" and Path(directory) == rig.store.path.parent:
+            die()
 
+    def write(fd: int, data: Any) -> int:
+        hit = target == "spec-write" and names(fd, spec)
+        if hit and when == "before":
+            die()
+        written = real_write(fd, data)
+        if hit:
+            die()
+        return written
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        written = real_pwrite(fd, data, offset)
+        if target == "journal-write" and names(fd, journal):
+            die()
+        return written
+
+    def fdatasync(fd: int) -> None:
+        real_fdatasync(fd)
+        if target == "journal-sync" and names(fd, journal):
+            die()
+
+    if target.startswith("snapshot"):
+        checkpoint.JOURNAL_BYTES = 1  # type: ignore[misc]  # the journal is full: the change goes to a snapshot
     os.replace = replace  # type: ignore[assignment]
     atomic.fsync_dir = sync_dir  # type: ignore[assignment]
+    os.write, os.pwrite, os.fdatasync = write, pwrite, fdatasync  # type: ignore[assignment]
     rig.prepare(ref)
     os._exit(3)  # the kill point was never reached
 
@@ -551,3 +589,21 @@ def test_batch_through_the_plugin_answers_every_claim(rig: Rig) -> None:
     out = asyncio.run(plugin.prepare_claims([good, clash]))
     assert out[good.uid][1] == "" and [d.device for d in out[good.uid][0]] == ["neuron-device-5"]
     assert out[clash.uid][0] == [] and "already prepared for claim" in out[clash.uid][1]
+
+
+def test_two_pods_of_a_rolling_update_share_one_checkpoint(tmp_path: Path) -> None:
+    """The old and the new pod of a rolling update both serve (the plugin's file lock takes their requests one at a
+    time). Each must see what the other recorded after it started: no device handed out twice, a claim the other
+    prepared answered as prepared, a claim the other unprepared free again."""
+    old, new = Rig(tmp_path), Rig(tmp_path)  # both loaded the (empty) checkpoint before anything was prepared
+    for rig in (old, new):
+        rig.reader.add(make_claim("u-1", [2]))
+        rig.reader.add(make_claim("u-2", [2], name="other"))
+    first, second = ClaimRef("ns", "u-1", "claim-u-1"), ClaimRef("ns", "u-2", "other")
+    assert old.prepare(first)[0].device == "neuron-device-2"
+    with pytest.raises(ClaimError, match=r"neuron-device-2 is already prepared for claim ns/claim-u-1"):
+        new.prepare(second)
+    assert new.prepare(first)[0].device == "neuron-device-2", "the other pod's claim gets the same answer"
+    new.unprepare(first)
+    assert old.prepare(second)[0].device == "neuron-device-2", "a claim the other pod unprepared frees its device"
+    assert CheckpointFile(old.store.path).load().claims.keys() == {"u-2"}
