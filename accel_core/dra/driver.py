@@ -191,7 +191,7 @@ class DraDriver:
         if not fresh:
             return out
         read_start = time.perf_counter()
-        reads = await asyncio.gather(*(self._read(c) for c in fresh), return_exceptions=True)
+        reads = await self._read_all(fresh)
         self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - read_start)
 
         local_start = time.perf_counter()
@@ -231,6 +231,15 @@ class DraDriver:
             return self._blocked()
         finally:
             self.metrics.prepare_phase_seconds.labels("guard").observe(time.perf_counter() - start)
+
+    async def _read_all(self, claims: Sequence[ClaimRef]) -> list[ResourceClaim | None | BaseException]:
+        """Each claim from the API server (at once), or the exception its read raised."""
+        if len(claims) > 1:
+            return await asyncio.gather(*(self._read(c) for c in claims), return_exceptions=True)
+        try:  # the usual request: one claim, read in this task (no task and no gather to wake)
+            return [await self._read(claims[0])]
+        except Exception as exc:
+            return [exc]
 
     async def _read(self, claim: ClaimRef) -> ResourceClaim | None:
         start = time.perf_counter()
