@@ -10,7 +10,9 @@ missing required field) is a ClaimError naming the bad field, like every other p
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +48,9 @@ class AllocatedClaim:
 
 
 class ClaimReader(Protocol):
+    """Reads claims. A reader may also offer ``read_blocking(namespace, name)``, the same read for a worker
+    thread (None when it has none): a one-claim prepare then reads, plans and records in one thread."""
+
     async def read(self, namespace: str, name: str) -> ResourceClaim | None:
         """The claim, or None when it does not exist."""
         ...
@@ -59,17 +64,15 @@ class ApiClaimReader:
         self.client = client
         self.direct = direct
         self.last_seconds = 0.0
+        #: The direct read, for a worker thread (lightkube's client belongs to the event loop).
+        self.read_blocking: Callable[[str, str], ResourceClaim | None] | None = \
+            self._read_direct if direct is not None else None
 
     async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        problem = object_name_problem(namespace, name)  # never put an unchecked name in a request path
-        if problem:
-            raise ClaimError(f"invalid claim reference: {problem}")
-        start = time.perf_counter()
         if self.direct is not None:
-            try:
-                return await self.direct.get(namespace, name)
-            finally:
-                self.last_seconds = time.perf_counter() - start
+            return await asyncio.to_thread(self._read_direct, namespace, name)
+        _check_names(namespace, name)
+        start = time.perf_counter()
         try:
             return await self.client.get(ResourceClaim, name, namespace=namespace)
         except ApiError as exc:
@@ -83,6 +86,21 @@ class ApiClaimReader:
             raise ClaimError(f"reading the claim from the API server failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self.last_seconds = time.perf_counter() - start
+
+    def _read_direct(self, namespace: str, name: str) -> ResourceClaim | None:
+        assert self.direct is not None
+        _check_names(namespace, name)
+        start = time.perf_counter()
+        try:
+            return self.direct.get(namespace, name)
+        finally:
+            self.last_seconds = time.perf_counter() - start
+
+
+def _check_names(namespace: str, name: str) -> None:
+    problem = object_name_problem(namespace, name)  # never put an unchecked name in a request path
+    if problem:
+        raise ClaimError(f"invalid claim reference: {problem}")
 
 
 def allocated_for_node(claim: ResourceClaim | None, ref: ClaimRef, *, driver: str, pool: str) -> AllocatedClaim:

@@ -158,7 +158,7 @@ class DriverCli:
                 if client is not None:
                     await client.close()
                 if claim_get is not None:
-                    await claim_get.close()
+                    claim_get.close()
 
         return run_daemon(main, self.prog)
 

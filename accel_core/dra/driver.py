@@ -34,7 +34,9 @@ specs, then one journal record for all. Devices are checked against the claims p
 request, too. Each phase's time is observed in ``<prefix>_prepare_phase_duration_seconds``.
 
 Everything that touches files (the device-plugin guard, the checkpoint and CDI writes) runs in a worker
-thread, never on the event loop; the plugin serializes calls, so one request is worked on at a time.
+thread, never on the event loop; the plugin serializes calls, so one request is worked on at a time. A request
+with one claim (the usual one) is read, planned and recorded in a single worker thread when the reader can read
+from a thread (``read_blocking``): one thread hop for the whole prepare, and no event-loop round trips for the read.
 """
 
 from __future__ import annotations
@@ -190,11 +192,43 @@ class DraDriver:
                     fresh.append(claim)
         if not fresh:
             return out
+        read_blocking = getattr(self.reader, "read_blocking", None)
+        if len(fresh) == 1 and read_blocking is not None:  # the usual request: all of it in one worker thread
+            out.update(await asyncio.to_thread(self._prepare_one, fresh[0], read_blocking))
+            return out
         read_start = time.perf_counter()
-        reads = await self._read_all(fresh)
+        reads = await asyncio.gather(*(self._read(c) for c in fresh), return_exceptions=True)
         self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - read_start)
-
         local_start = time.perf_counter()
+        plans = self._plan_all(fresh, reads, out)
+        if plans:
+            self._answers(await asyncio.to_thread(self._record, plans), out)
+        self._observe_local(local_start)
+        return out
+
+    def _prepare_one(self, claim: ClaimRef, read: Callable[[str, str], ResourceClaim | None]
+                     ) -> dict[str, list[PreparedDevice] | Exception]:
+        """Read, plan and record one claim, in a worker thread (one thread hop for the whole prepare)."""
+        out: dict[str, list[PreparedDevice] | Exception] = {}
+        start = time.perf_counter()
+        data: ResourceClaim | None | BaseException
+        try:
+            data = read(claim.namespace, claim.name)
+        except Exception as exc:
+            data = exc
+        self._observe_read(time.perf_counter() - start)
+        self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - start)
+        local_start = time.perf_counter()
+        plans = self._plan_all([claim], [data], out)
+        if plans:
+            self._answers(self._record(plans), out)
+        self._observe_local(local_start)
+        return out
+
+    def _plan_all(self, fresh: Sequence[ClaimRef], reads: Sequence[ResourceClaim | None | BaseException],
+                  out: dict[str, list[PreparedDevice] | Exception]) -> list[PreparedClaim]:
+        """The plans of the claims read (``out`` gets the error of each claim that has none)."""
+        start = time.perf_counter()
         plans: list[PreparedClaim] = []
         planned: dict[str, PreparedClaim] = {}  # device -> claim planned earlier in this request
         for claim, data in zip(fresh, reads, strict=True):
@@ -215,14 +249,21 @@ class DraDriver:
                 continue
             plans.append(plan)
             planned.update((device, plan) for device in plan.devices)
-        self.metrics.prepare_phase_seconds.labels("plan").observe(time.perf_counter() - local_start)
-        if plans:
-            recorded = await asyncio.to_thread(self._record, plans)
-            for uid, done in recorded.items():
-                out[uid] = done if isinstance(done, Exception) else done.prepared_devices(self.cdi.qualified)
-        self.last_local_seconds = time.perf_counter() - local_start
+        self.metrics.prepare_phase_seconds.labels("plan").observe(time.perf_counter() - start)
+        return plans
+
+    def _answers(self, recorded: Mapping[str, PreparedClaim | ClaimError],
+                 out: dict[str, list[PreparedDevice] | Exception]) -> None:
+        for uid, done in recorded.items():
+            out[uid] = done if isinstance(done, Exception) else done.prepared_devices(self.cdi.qualified)
+
+    def _observe_read(self, seconds: float) -> None:
+        self.last_read_seconds = seconds
+        self.metrics.claim_read_seconds.observe(seconds)
+
+    def _observe_local(self, start: float) -> None:
+        self.last_local_seconds = time.perf_counter() - start
         self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
-        return out
 
     def _guard(self) -> str | None:
         """Why no claim may be prepared now (the device-plugin guard, a directory listing), or None."""
@@ -232,21 +273,12 @@ class DraDriver:
         finally:
             self.metrics.prepare_phase_seconds.labels("guard").observe(time.perf_counter() - start)
 
-    async def _read_all(self, claims: Sequence[ClaimRef]) -> list[ResourceClaim | None | BaseException]:
-        """Each claim from the API server (at once), or the exception its read raised."""
-        if len(claims) > 1:
-            return await asyncio.gather(*(self._read(c) for c in claims), return_exceptions=True)
-        try:  # the usual request: one claim, read in this task (no task and no gather to wake)
-            return [await self._read(claims[0])]
-        except Exception as exc:
-            return [exc]
-
     async def _read(self, claim: ClaimRef) -> ResourceClaim | None:
         start = time.perf_counter()
-        data = await self.reader.read(claim.namespace, claim.name)
-        self.last_read_seconds = time.perf_counter() - start
-        self.metrics.claim_read_seconds.observe(self.last_read_seconds)
-        return data
+        try:
+            return await self.reader.read(claim.namespace, claim.name)
+        finally:
+            self._observe_read(time.perf_counter() - start)
 
     def _record(self, plans: Sequence[PreparedClaim]) -> dict[str, PreparedClaim | ClaimError]:
         """Check the guard (a blocked node fails every planned claim and records nothing), take in what another

@@ -52,11 +52,11 @@ async def read_once(server: str, user: dict[str, Any]) -> Any:
     reader = DirectClaimGet.from_config(config(server, user), keepalive=60)
     assert reader is not None
     try:
-        return await reader.get("ns", "c")
+        return await asyncio.to_thread(reader.get, "ns", "c")
     except ClaimError as exc:
         return exc
     finally:
-        await reader.close()
+        reader.close()
 
 
 @pytest.mark.parametrize(("user", "direct"), [
@@ -91,16 +91,16 @@ def test_a_rotated_token_file_is_read_again_after_a_401(tmp_path: Path) -> None:
             reader = DirectClaimGet.from_config(config(server, {"tokenFile": str(token)}), keepalive=60)
             assert reader is not None
             try:
-                first = await reader.get("ns", "c")
+                first = await asyncio.to_thread(reader.get, "ns", "c")
                 token.write_text("second\n")  # the kubelet rotated the service-account token
                 accepted.clear()
                 accepted.add("Bearer second")
-                second = await reader.get("ns", "c")
+                second = await asyncio.to_thread(reader.get, "ns", "c")
                 accepted.clear()  # now nothing is accepted: the 401 is an error, after one more try
                 with pytest.raises(ClaimError, match="HTTP 401: Unauthorized"):
-                    await reader.get("ns", "c")
+                    await asyncio.to_thread(reader.get, "ns", "c")
             finally:
-                await reader.close()
+                reader.close()
         return [first, second]
 
     claims = asyncio.run(scenario())
@@ -160,9 +160,9 @@ def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one() -> N
         reader = DirectClaimGet.from_config(config(f"http://127.0.0.1:{port}", {"token": "t"}), keepalive=60)
         assert reader is not None
         try:
-            return [await reader.get("ns", "c") for _ in range(3)]
+            return [await asyncio.to_thread(reader.get, "ns", "c") for _ in range(3)]
         finally:
-            await reader.close()
+            reader.close()
             server.close()
 
     claims = asyncio.run(scenario())

@@ -220,7 +220,7 @@ def test_a_malformed_claim_from_the_api_server_is_a_claim_error(rig: Rig, body: 
         finally:
             await client.close()
             if get is not None:
-                await get.close()
+                get.close()
 
     with api_server_sending(body) as config:
         devices, error = asyncio.run(prepare(config))["u-1"]

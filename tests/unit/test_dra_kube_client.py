@@ -68,12 +68,14 @@ def test_claim_reads_reuse_one_connection_across_idle_gaps(tmp_path: Path, monke
         direct = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)
         assert direct is not None, "a client-certificate user is read directly"
         try:
-            first = [await client.get(ResourceClaim, "c", namespace="ns"), await direct.get("ns", "c")]
+            first = [await client.get(ResourceClaim, "c", namespace="ns"),
+                     await asyncio.to_thread(direct.get, "ns", "c")]
             await asyncio.sleep(6)  # longer than the HTTP client's default keep-alive of 5 s
-            second = [await client.get(ResourceClaim, "c", namespace="ns"), await direct.get("ns", "c")]
+            second = [await client.get(ResourceClaim, "c", namespace="ns"),
+                      await asyncio.to_thread(direct.get, "ns", "c")]
         finally:
             await client.close()
-            await direct.close()
+            direct.close()
             assert api.server is not None
             api.server.close()
         for claim in first + second:

@@ -63,6 +63,10 @@ class FakeReader:
         return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
 
     async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+        return self.read_blocking(namespace, name)
+
+    def read_blocking(self, namespace: str, name: str) -> ResourceClaim | None:
+        """As the direct GET reads (a one-claim prepare reads from its worker thread; a batch from the loop)."""
         self.reads += 1
         found = self.claims.get((namespace, name))
         return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
