@@ -32,6 +32,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.dra.checkpoint import CheckpointFile
 from accel_core.dra.slices import spec_key
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi.constants import DRA_V1_SERVICE
@@ -351,7 +352,8 @@ def test_trn2_seed_templates_allocate_prepare_and_clean_up(
         assert prepare(kubelet, claim, unprepare=True)[claim["metadata"]["uid"]].error == ""
         assert cdi_spec(driver, claim) is None
 
-    assert driver.checkpoint_claims() == {}
+    checkpoint = CheckpointFile(driver.kubelet_root / "plugins" / DRIVER / "checkpoint.json")
+    assert checkpoint.load().claims == {}, "a restarted driver finds no entry"
     assert driver.stop() == 0, driver.tail()
 
 
