@@ -33,10 +33,11 @@ steps claim by claim, but reads the claims from the API server at once and recor
 specs, then one journal record for all. Devices are checked against the claims planned earlier in the same
 request, too. Each phase's time is observed in ``<prefix>_prepare_phase_duration_seconds``.
 
-Everything that touches files (the device-plugin guard, the checkpoint and CDI writes) runs in a worker
-thread, never on the event loop; the plugin serializes calls, so one request is worked on at a time. A request
-with one claim (the usual one) is read, planned and recorded in a single worker thread when the reader can read
-from a thread (``read_blocking``): one thread hop for the whole prepare, and no event-loop round trips for the read.
+A request is worked on in one worker thread from start to end (:meth:`DraDriver.prepare_blocking`, called in
+the DRA server's thread; the async methods hop to a thread first): nothing that touches files (the device-plugin
+guard, the checkpoint and CDI writes) runs on the event loop. Claims are read in that thread too when the reader
+can (``read_blocking``; several at once on a few more threads); a reader whose client belongs to the event loop
+(lightkube's) reads there. The plugin serializes calls, so one request is worked on at a time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -65,6 +67,8 @@ from accel_core.logs import kv
 log = logging.getLogger(__name__)
 
 CDI_CLASS = "claim"
+#: Claims of one request read at once, at most.
+MAX_PARALLEL_READS = 8
 HEALTH_TIMEOUT_SECONDS = 60
 
 
@@ -153,7 +157,8 @@ class DraDriver:
             raise
 
     async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        result = (await self._prepare_many([claim]))[claim.uid]
+        loop = asyncio.get_running_loop()
+        result = (await asyncio.to_thread(self._prepare_many, [claim], loop))[claim.uid]
         if isinstance(result, Exception):
             raise result
         return result
@@ -161,13 +166,20 @@ class DraDriver:
     async def prepare_batch(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | Exception]:
         """Prepare the claims of one request; each UID maps to its devices or its error (ClaimError, or anything
         unexpected for the caller to report as an internal error)."""
-        out = await self._prepare_many(claims)
+        return await asyncio.to_thread(self.prepare_blocking, claims, asyncio.get_running_loop())
+
+    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
+                         ) -> dict[str, list[PreparedDevice] | Exception]:
+        """:meth:`prepare_batch` for a worker thread (the DRA server's): the whole request is worked on in the
+        calling thread; ``loop`` runs the reads of a reader that has no blocking read (lightkube's client)."""
+        out = self._prepare_many(claims, loop)
         for result in out.values():
             if isinstance(result, ClaimError):
                 self.metrics.claim_errors.labels("prepare").inc()
         return out
 
-    async def _prepare_many(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | Exception]:
+    def _prepare_many(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
+                      ) -> dict[str, list[PreparedDevice] | Exception]:
         out: dict[str, list[PreparedDevice] | Exception] = {}
         fresh: list[ClaimRef] = []
         known: list[ClaimRef] = []  # prepared already, as far as this process knows
@@ -184,7 +196,7 @@ class DraDriver:
             existing = self.store.get(claim.uid)
             (known if existing is not None and existing.state == STATE_COMPLETED else fresh).append(claim)
         if known:
-            again = await asyncio.to_thread(self._answer_again, known)
+            again = self._answer_again(known)
             for claim in known:
                 if claim.uid in again:
                     out[claim.uid] = again[claim.uid]
@@ -192,38 +204,40 @@ class DraDriver:
                     fresh.append(claim)
         if not fresh:
             return out
-        read_blocking = getattr(self.reader, "read_blocking", None)
-        if len(fresh) == 1 and read_blocking is not None:  # the usual request: all of it in one worker thread
-            out.update(await asyncio.to_thread(self._prepare_one, fresh[0], read_blocking))
-            return out
         read_start = time.perf_counter()
-        reads = await asyncio.gather(*(self._read(c) for c in fresh), return_exceptions=True)
+        reads = self._read_all(fresh, loop)
         self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - read_start)
         local_start = time.perf_counter()
         plans = self._plan_all(fresh, reads, out)
         if plans:
-            self._answers(await asyncio.to_thread(self._record, plans), out)
-        self._observe_local(local_start)
-        return out
-
-    def _prepare_one(self, claim: ClaimRef, read: Callable[[str, str], ResourceClaim | None]
-                     ) -> dict[str, list[PreparedDevice] | Exception]:
-        """Read, plan and record one claim, in a worker thread (one thread hop for the whole prepare)."""
-        out: dict[str, list[PreparedDevice] | Exception] = {}
-        start = time.perf_counter()
-        data: ResourceClaim | None | BaseException
-        try:
-            data = read(claim.namespace, claim.name)
-        except Exception as exc:
-            data = exc
-        self._observe_read(time.perf_counter() - start)
-        self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - start)
-        local_start = time.perf_counter()
-        plans = self._plan_all([claim], [data], out)
-        if plans:
             self._answers(self._record(plans), out)
         self._observe_local(local_start)
         return out
+
+    def _read_all(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
+                  ) -> list[ResourceClaim | None | BaseException]:
+        """Each claim from the API server (several at once), or the exception its read raised."""
+        read = getattr(self.reader, "read_blocking", None)
+        if read is None:  # the reader's client belongs to the event loop
+            async def read_on_loop() -> list[ResourceClaim | None | BaseException]:
+                return await asyncio.gather(*(self._read(c) for c in claims), return_exceptions=True)
+
+            return asyncio.run_coroutine_threadsafe(read_on_loop(), loop).result()
+        if len(claims) == 1:
+            return [self._read_one(read, claims[0])]
+        with ThreadPoolExecutor(max_workers=min(len(claims), MAX_PARALLEL_READS),
+                                thread_name_prefix="claim-read") as pool:
+            return list(pool.map(lambda c: self._read_one(read, c), claims))
+
+    def _read_one(self, read: Callable[[str, str], ResourceClaim | None], claim: ClaimRef
+                  ) -> ResourceClaim | None | BaseException:
+        start = time.perf_counter()
+        try:
+            return read(claim.namespace, claim.name)
+        except Exception as exc:
+            return exc
+        finally:
+            self._observe_read(time.perf_counter() - start)
 
     def _plan_all(self, fresh: Sequence[ClaimRef], reads: Sequence[ResourceClaim | None | BaseException],
                   out: dict[str, list[PreparedDevice] | Exception]) -> list[PreparedClaim]:
@@ -279,6 +293,10 @@ class DraDriver:
             return await self.reader.read(claim.namespace, claim.name)
         finally:
             self._observe_read(time.perf_counter() - start)
+
+    def unprepare_blocking(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        """:meth:`unprepare_batch` for a worker thread."""
+        return self._unprepare(claims)
 
     def _record(self, plans: Sequence[PreparedClaim]) -> dict[str, PreparedClaim | ClaimError]:
         """Check the guard (a blocked node fails every planned claim and records nothing), take in what another

@@ -109,7 +109,7 @@ def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_
         try:
             conn = await standin.register_dra(driver)  # registration answers
             prepare = asyncio.create_task(conn.prepare(("ns", "u-1", "c")))
-            await asyncio.wait_for(spy.busy.wait(), 5)  # the prepare found the lock taken and waits
+            await spy.wait_busy(5)  # the prepare found the lock taken and waits
             start = time.perf_counter()
             await asyncio.sleep(0.05)
             lag = time.perf_counter() - start - 0.05

@@ -205,7 +205,7 @@ def test_a_prepare_waits_while_another_process_holds_the_lock(short_tmp: Path,
         assert (await asyncio.wait_for(other.stdout.readline(), 10)).strip() == b"held"
         conn = await standin.register_dra(DRIVER)
         call = asyncio.ensure_future(conn.prepare(("ns", "u1", "c1")))
-        await asyncio.wait_for(spy.busy.wait(), 10)  # the plugin tried the lock and found it taken
+        await spy.wait_busy(10)  # the plugin tried the lock and found it taken
         assert handler.calls == [] and not call.done()
         assert other.stdin is not None
         other.stdin.write(b"\n")
@@ -260,7 +260,7 @@ def test_two_plugin_instances_contend_for_the_lock(short_tmp: Path, monkeypatch:
         first = asyncio.ensure_future(old.prepare_claims([ClaimRef("ns", "u-old", "c-old")]))
         await asyncio.wait_for(old_handler.entered.wait(), 10)
         second = asyncio.ensure_future(new.prepare_claims([ClaimRef("ns", "u-new", "c-new")]))
-        await asyncio.wait_for(spy.busy.wait(), 10)  # the new pod met the old pod's lock
+        await spy.wait_busy(10)  # the new pod met the old pod's lock
         assert not new_handler.entered.is_set()
         gate.set()
         results = await asyncio.wait_for(asyncio.gather(first, second), 10)
