@@ -29,7 +29,7 @@ from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
-from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
+from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover
 from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
@@ -87,7 +87,10 @@ class NeuronProfile:
         return replace(inv, devices=tuple(devices))
 
     def watch_paths(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
-        return [paths.host(CLASS_DIR), paths.device_plugins_dir]
+        """As the device plugin watches: the class directory, the LNC setting and each device's /dev node (as files,
+        so the watcher watches their directories), and the device-plugins directory (the coexistence guard)."""
+        return [paths.host(CLASS_DIR), paths.host(LNC_FILE), *(paths.host(d.dev_node) for d in inventory.devices),
+                paths.device_plugins_dir]
 
     def health_files(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
         return health_files(paths, inventory)

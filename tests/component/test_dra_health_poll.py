@@ -1,7 +1,8 @@
 """The DRA drivers' health poll: a health file that changes in place without an event, as on real sysfs (a Neuron
 uncorrected-error counter rising, an EFA port going DOWN), reaches the kubelet's health stream and the published
-taint within about a second while the next full rescan is a minute away: the poll carried it, not the rescan. And
-with rescans that far apart the kubelet still gets the full list before its reports time out."""
+taint within about a second while the next full rescan is a minute away: the poll carried it, not the rescan. A
+vanished /dev node is seen as fast (an event, not the rescan), and with rescans that far apart the kubelet still
+gets the full list before its reports time out."""
 
 from __future__ import annotations
 
@@ -155,6 +156,21 @@ def test_an_efa_port_going_down_reaches_the_kubelet_by_the_poll(short_tmp: Path)
     assert [n for n, s in states.items() if s.health != hp.HEALTHY] == ["efa-0000-10-1b-0"]
     assert rig.publisher.taint("efa-0000-10-1b-0") == ("efa.aws.com/unhealthy", "PortDown", "NoSchedule")
     assert rig.publisher.taint("efa-0000-20-1b-0") is None
+
+
+def test_a_vanished_neuron_dev_node_does_not_wait_for_the_rescan(short_tmp: Path) -> None:
+    fake = copy_host(short_tmp / "h", "trn2.48xlarge")
+    rig = Rig(short_tmp, NeuronProfile())
+
+    async def scenario() -> dict[str, Any]:
+        async with rig.running():
+            await rig.next_health(lambda s: s["neuron-device-7"].health == hp.HEALTHY, "device 7 healthy")
+            fake.remove_dev_node("/dev/neuron7")
+            return await rig.next_health(lambda s: s["neuron-device-7"].health == hp.UNHEALTHY, "device 7 unhealthy")
+
+    states = asyncio.run(scenario())
+    assert "/dev/neuron7 is missing" in states["neuron-device-7"].message
+    assert rig.publisher.taint("neuron-device-7") == ("neuron.aws.com/unhealthy", "DevNodeMissing", "NoSchedule")
 
 
 def test_the_full_list_is_re_sent_while_the_host_stays_quiet(short_tmp: Path) -> None:
