@@ -36,11 +36,14 @@ class FilePoller:
         self._last: list[bytes | None] = []
 
     def watch(self, paths: Iterable[Path]) -> None:
-        """Set the files to poll and take their current content as the baseline."""
+        """Set the files to poll (re-opening all). A file polled before keeps its last content as the baseline, so
+        a change between the caller's rescan and this call still counts at the next poll; a new file starts from
+        its current content."""
+        before = dict(zip(self._paths, self._last, strict=True))
         self.close()
         self._paths = [str(p) for p in paths]
         self._fds = [_open(p) for p in self._paths]
-        self._last = [_pread(fd) for fd in self._fds]
+        self._last = [before[p] if p in before else _pread(fd) for p, fd in zip(self._paths, self._fds, strict=True)]
 
     @property
     def paths(self) -> list[str]:

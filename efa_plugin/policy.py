@@ -24,7 +24,7 @@ from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME, RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.allocation import Topology
 from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaInventory, discover
-from efa_plugin.health import SeenDevices, device_health
+from efa_plugin.health import SeenDevices, device_health, port_state_files
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +92,12 @@ class EfaPolicy:
         host = self.paths.host
         out = [host(f"{CLASS_VERBS}/abi_version"), host(f"{DEV_IB}/rdma_cm"),
                self.paths.plugins_registry_dir / f"{DRA_DRIVER_NAME}-reg.sock"]  # the coexistence guard
-        for dev in self._inventory.devices:
-            if dev.id in self._present:
-                out += [dev.sysfs_dir / "ports" / str(port) / "state" for port, _ in dev.port_states]
-        return out
+        return out + self.health_files()
 
     def health_files(self) -> list[Path]:
         """The files polled between rescans: each present device's port ``state`` (real sysfs raises no event
         when a port goes DOWN; everything else that matters does, or waits for the slow rescan)."""
-        return [dev.sysfs_dir / "ports" / str(port) / "state" for dev in self._inventory.devices
-                if dev.id in self._present for port, _ in dev.port_states]
+        return port_state_files(d for d in self._inventory.devices if d.id in self._present)
 
     # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
     def devices(self) -> list[AdvertisedDevice]:

@@ -8,12 +8,18 @@ Recovery semantics (docs/neuron-device-plugin.md, "Health"): the rule keeps no s
 again as soon as it is back. The ECC counters count since the Neuron driver loaded and only grow, so a device
 with uncorrected errors stays unhealthy until they read zero again, which means a driver reload or a reboot; a
 restart of the plugin or the driver does not forgive them, and both daemons always agree.
+
+The counters change without any sysfs event: both daemons poll the files :func:`health_files` names between their
+full rescans.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from accel_core.health import DeviceHealth, ProblemKind, kinds
-from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory
+from accel_core.paths import HostPaths
+from neuron_dra.discovery import CLASS_DIR, UNCORRECTED_COUNTERS, NeuronDevice, NeuronInventory
 
 REASON_DEVICE_MISSING = ProblemKind.DEVICE_MISSING.value
 REASON_DEV_NODE_MISSING = ProblemKind.DEV_NODE_MISSING.value
@@ -41,3 +47,16 @@ def device_health(dev: NeuronDevice) -> DeviceHealth:
 def assess(inv: NeuronInventory) -> dict[int, DeviceHealth]:
     """The health of every device in the inventory, by index (in index order)."""
     return {dev.index: device_health(dev) for dev in inv.devices}
+
+
+def health_files(paths: HostPaths, inv: NeuronInventory) -> list[Path]:
+    """Each present device's uncorrected-error counter files (``<counter>/total`` where the counter is a
+    directory), the facts of the rule above that change without a sysfs event."""
+    out = []
+    for dev in inv.devices:
+        if not dev.present:
+            continue
+        for name in UNCORRECTED_COUNTERS:
+            counter = paths.host(f"{CLASS_DIR}/neuron{dev.index}/stats/hardware/{name}")
+            out.append(counter / "total" if counter.is_dir() else counter)
+    return out

@@ -5,7 +5,8 @@
 - ``remove-slices``: delete this driver's ResourceSlices for a node (for uninstall and tests).
 
 Environment (the upstream charts' names): NODE_NAME, POD_UID, CDI_ROOT, KUBELET_REGISTRAR_DIRECTORY_PATH,
-KUBELET_PLUGINS_DIRECTORY_PATH, HEALTHCHECK_PORT, METRICS_PORT, KUBECONFIG (else the in-cluster config).
+KUBELET_PLUGINS_DIRECTORY_PATH, HEALTHCHECK_PORT, METRICS_PORT, KUBECONFIG (else the in-cluster config); and, as
+the Neuron device plugin names them, RESCAN_INTERVAL and HEALTH_POLL_INTERVAL.
 A driver's console script is ``main`` with its profile, program name and metrics port (see :class:`DriverCli`).
 """
 
@@ -45,7 +46,13 @@ from accel_core.daemon import run_daemon
 from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.profile import DraProfile, tainted
-from accel_core.dra.service import DEFAULT_HEALTHCHECK_PORT, DraService, dra_driver_version
+from accel_core.dra.service import (
+    DEFAULT_HEALTH_POLL_INTERVAL,
+    DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_RESCAN_INTERVAL,
+    DraService,
+    dra_driver_version,
+)
 from accel_core.dra.slices import SlicePublisher, build_slices
 from accel_core.logs import kv, setup_logging
 from accel_core.metrics import serve_metrics
@@ -77,8 +84,16 @@ class DriverCli:
                                help="gRPC liveness port (env HEALTHCHECK_PORT; default 51515; -1 off, 0 picks one)")
         serve.add_argument("--kubeconfig", default=None,
                            help="kubeconfig file (default: KUBECONFIG, then in-cluster)")
-        serve.add_argument("--rescan-interval", type=seconds, default=10.0,
-                           help="seconds between full host rescans (health counters, /dev nodes); default 10")
+        serve.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds,
+                               default=DEFAULT_RESCAN_INTERVAL,
+                               help="seconds between full host rescans besides those inotify/udev events and the "
+                                    "health poll start: a safety net (env RESCAN_INTERVAL; default "
+                                    f"{DEFAULT_RESCAN_INTERVAL:g})")
+        serve.add_env_argument("--health-poll-interval", env="HEALTH_POLL_INTERVAL", type=seconds,
+                               default=DEFAULT_HEALTH_POLL_INTERVAL,
+                               help="seconds between reads of the few health files that raise no event on sysfs: "
+                                    "port state, error counters (env HEALTH_POLL_INTERVAL; default "
+                                    f"{DEFAULT_HEALTH_POLL_INTERVAL:g})")
         serve.add_argument("--cleanup-interval", type=_non_negative, default=DEFAULT_CLEANUP_INTERVAL,
                            help="seconds between cleanups of stale prepared claims (also run at start); "
                                 "default 600, 0 disables")
@@ -150,6 +165,7 @@ class DriverCli:
             service = DraService(profile, paths, node_name=args.node_name, client=client, claim_get=claim_get,
                                  pod_uid=args.pod_uid,
                                  healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
+                                 health_poll_interval=args.health_poll_interval,
                                  cleanup_interval=args.cleanup_interval,
                                  remove_slices_on_exit=args.remove_slices_on_exit, registry=registry)
             try:

@@ -9,6 +9,9 @@ A profile says:
   inventory, the devices to publish (attributes and capacity, no taints), each device's health, and the labels
   and annotations the driver keeps on its own Node;
 - ``watch_paths(paths, inventory)``: host paths whose changes trigger a rescan;
+- ``health_files(paths, inventory)``: the few files that carry health but raise no change event on real sysfs
+  (port state, error counters); the core polls them between rescans (:mod:`accel_core.healthpoll`) and rescans
+  when one changed. Called off the event loop, after every scan;
 - ``blocked(paths)``: why the driver must publish and prepare nothing right now (a device plugin for the same
   hardware is running), or None;
 - ``default_config`` and ``decode_config(parameters, where)``: the strict decoder of one opaque config, to a frozen
@@ -75,6 +78,8 @@ class DraProfile(Protocol[InventoryT, ConfigT]):
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[InventoryT]: ...
 
     def watch_paths(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
+
+    def health_files(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
 
     def blocked(self, paths: HostPaths) -> str | None: ...
 

@@ -9,7 +9,8 @@
   Neuron-to-EFA tables cover, ``resource.aws.com/devicegroup{1,4,8,16}_id``: the ids of the Neuron device(s) the
   EFA serves, the same values the Neuron driver publishes (:mod:`accel_core.awsfacts.neuron_efa`);
 - health: the EFA rule the device plugin uses (:mod:`efa_plugin.health`); a device seen earlier that vanishes
-  stays published, tainted ``DeviceMissing``;
+  stays published, tainted ``DeviceMissing``; the ports' ``state`` files are the health files the core polls
+  between rescans, as the device plugin does;
 - config: ``EfaConfig`` (``apiVersion: efa.aws.com/v1``), strict, no settings yet;
 - container edits: the device's ``/dev/infiniband/uverbsN`` per device, and ``/dev/infiniband/rdma_cm`` once per
   request when the host has it;
@@ -33,7 +34,7 @@ from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME, SOCKET_NAME
 from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
-from efa_plugin.health import SeenDevices, device_health, present
+from efa_plugin.health import SeenDevices, device_health, port_state_files, present
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "EfaConfig"
@@ -95,11 +96,12 @@ class EfaProfile:
     def watch_paths(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
         """Files, so the watcher watches their directories: the verbs class, /dev/infiniband, each present
         device's port state, and the device-plugins directory (the coexistence guard)."""
-        out = [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), paths.device_plugins_dir / SOCKET_NAME]
-        for dev in inventory.devices:
-            if present(dev):
-                out += [dev.sysfs_dir / "ports" / str(port) / "state" for port, _ in dev.port_states]
-        return out
+        return [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), paths.device_plugins_dir / SOCKET_NAME,
+                *self.health_files(paths, inventory)]
+
+    def health_files(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
+        """Each present device's port ``state`` files: real sysfs raises no event when a port goes DOWN."""
+        return port_state_files(d for d in inventory.devices if present(d))
 
     def blocked(self, paths: HostPaths) -> str | None:
         return device_plugin_blocks_dra(paths.device_plugins_dir, (SOCKET_NAME,), "EFA")

@@ -16,6 +16,7 @@ from accel_core.hostfiles import parse_index
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from neuron_dra import discovery
+from neuron_dra import health as health_rule
 from neuron_dra.deviceplugin import guard
 from neuron_dra.deviceplugin.edits import CoreNumbering
 from neuron_dra.deviceplugin.health import HealthTracker
@@ -102,14 +103,7 @@ class NeuronNode:
     def health_files(self) -> list[Path]:
         """The files polled between rescans: each present device's uncorrected-error counters (sysfs raises no
         event when they rise)."""
-        out = []
-        for dev in self.inventory.devices:
-            if not dev.present:
-                continue
-            for name in discovery.UNCORRECTED_COUNTERS:
-                counter = self.paths.host(f"{discovery.CLASS_DIR}/neuron{dev.index}/stats/hardware/{name}")
-                out.append(counter / "total" if counter.is_dir() else counter)
-        return out
+        return health_rule.health_files(self.paths, self.inventory)
 
     def blocked(self) -> str | None:
         reason = guard.blocked_reason(self.paths)

@@ -4,8 +4,8 @@
   UltraServer node also ``neuron-node`` (the node's share, excluding the chips by a shared counter) and the
   UltraServer node labels (:mod:`.ultraserver`);
 - health: :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors), the rule the Neuron
-  device plugin uses too, becomes a taint and the kubelet's
-  health stream;
+  device plugin uses too, becomes a taint and the kubelet's health stream; the uncorrected-error counters are
+  the health files the core polls between rescans, as the device plugin does;
 - config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request; ``UltraServerConfig``, the
   UltraServer runtime env for a ``neuron-node`` request;
 - container edits: ``/dev/neuron<i>`` per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of
@@ -29,12 +29,12 @@ from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
-from neuron_dra.discovery import CLASS_DIR, NeuronDevice, NeuronInventory, discover
+from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover
 from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.dra.guard import blocked_reason
-from neuron_dra.health import assess
+from neuron_dra.health import assess, health_files
 from neuron_dra.runtime_env import LNC_ENV, VISIBLE_CORES_ENV, format_core_list, visible_cores
 
 
@@ -87,7 +87,13 @@ class NeuronProfile:
         return replace(inv, devices=tuple(devices))
 
     def watch_paths(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
-        return [paths.host(CLASS_DIR), paths.device_plugins_dir]
+        """As the device plugin watches: the class directory, the LNC setting and each device's /dev node (as files,
+        so the watcher watches their directories), and the device-plugins directory (the coexistence guard)."""
+        return [paths.host(CLASS_DIR), paths.host(LNC_FILE), *(paths.host(d.dev_node) for d in inventory.devices),
+                paths.device_plugins_dir]
+
+    def health_files(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
+        return health_files(paths, inventory)
 
     def blocked(self, paths: HostPaths) -> str | None:
         return blocked_reason(paths.device_plugins_dir)

@@ -51,6 +51,8 @@ def test_the_daemons_declare_their_variables() -> None:
                      ("neuron-device-plugin", "serve", "NEURON_CORE_NUMBERING"),
                      ("neuron-dra-driver", "serve", "HEALTHCHECK_PORT"), ("neuron-dra-driver", "serve", "POD_UID"),
                      ("neuron-dra-driver", "serve", "NODE_NAME"), ("neuron-dra-driver", "slices", "NODE_NAME"),
+                     ("neuron-dra-driver", "serve", "RESCAN_INTERVAL"),
+                     ("efa-dra-driver", "serve", "HEALTH_POLL_INTERVAL"),
                      ("neuron-dra-driver", "remove-slices", "LOG_LEVEL")]:
         assert expected in declared
 

@@ -163,6 +163,24 @@ def test_the_device_plugin_sees_the_same_health(tmp_path: Path) -> None:
     assert dra == plugin and sum(not h for h in dra.values()) == 2
 
 
+def test_both_daemons_poll_each_present_efas_port_state(tmp_path: Path) -> None:
+    fake, paths = host(tmp_path, "p5.48xlarge")
+    profile, policy = EfaProfile(), EfaPolicy(paths)
+
+    def polled() -> list[Path]:
+        policy.rediscover()
+        files = profile.health_files(paths, profile.scan(paths, "1.2.3").inventory)
+        assert files == policy.health_files(), "the device plugin and the DRA driver poll the same files"
+        return files
+
+    files = polled()
+    assert len(files) == 32, "p5.48xlarge: 32 EFAs, one port each"
+    assert {(f.parent.name, f.name, f.read_text()) for f in files} == {("1", "state", "4: ACTIVE\n")}
+    fake.remove_efa("rdmap96s0")
+    files = polled()
+    assert len(files) == 31 and not any("rdmap96s0" in str(f) for f in files), "nothing to poll on a vanished EFA"
+
+
 @pytest.mark.parametrize(("params", "pattern"), [
     ({"apiVersion": "efa.aws.com/v1", "kind": "EfaConfig", "rdmaCm": False}, "unknown field 'rdmaCm'"),
     ({"apiVersion": "efa.aws.com/v1", "kind": "NeuronConfig"}, "kind 'NeuronConfig' is not supported"),

@@ -204,6 +204,26 @@ def test_one_rule_for_the_device_plugin_and_the_dra_driver(tmp_path: Path) -> No
     assert plugin == dra and plugin.reason == "DevNodeMissing"
 
 
+def test_both_daemons_poll_each_present_devices_uncorrected_counters(tmp_path: Path) -> None:
+    fake, node, _, _ = make(tmp_path, "trn2.48xlarge")
+    profile = NeuronProfile()
+
+    def polled() -> list[str]:
+        node.rediscover()
+        files = profile.health_files(node.paths, profile.scan(node.paths, "0.1.0").inventory)
+        assert files == node.health_files(), "the device plugin and the DRA driver poll the same files"
+        return [f.relative_to(fake.root).as_posix() for f in files]
+
+    files = polled()
+    # 16 Trainium2 devices, each with a memory and an SRAM uncorrected-error counter (a directory with a total)
+    assert len(files) == 32
+    assert files[:2] == ["sys/class/neuron_device/neuron0/stats/hardware/mem_ecc_uncorrected/total",
+                         "sys/class/neuron_device/neuron0/stats/hardware/sram_ecc_uncorrected/total"]
+    fake.remove_neuron(3)
+    files = polled()
+    assert len(files) == 30 and not any("/neuron3/" in f for f in files), "nothing to poll on a vanished device"
+
+
 def test_the_rule_reads_problem_kinds_not_messages(tmp_path: Path) -> None:
     inv = discover(HostPaths(host_root=copy_host(tmp_path / "host", "inf2.xlarge").root))
     dev = inv.devices[0]

@@ -52,3 +52,17 @@ def test_cleanup_interval_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         CLI.parser().parse_args(["serve", "--cleanup-interval", "-5"])
     assert "must be 0 (off) or more seconds" in capsys.readouterr().err
+
+
+def test_rescan_and_health_poll_flags(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("RESCAN_INTERVAL", raising=False)
+    monkeypatch.delenv("HEALTH_POLL_INTERVAL", raising=False)
+    args = CLI.parser().parse_args(["serve"])
+    assert (args.rescan_interval, args.health_poll_interval) == (60, 0.75), "the device plugins' pace"
+    monkeypatch.setenv("RESCAN_INTERVAL", "30")
+    monkeypatch.setenv("HEALTH_POLL_INTERVAL", "0.5")
+    args = CLI.parser().parse_args(["serve", "--health-poll-interval", "2"])
+    assert (args.rescan_interval, args.health_poll_interval) == (30, 2), "a flag wins over its variable"
+    with pytest.raises(SystemExit):
+        CLI.parser().parse_args(["serve", "--health-poll-interval", "0"])
+    assert "must be more than 0 seconds" in capsys.readouterr().err

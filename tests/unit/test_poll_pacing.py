@@ -67,6 +67,25 @@ def test_poll_timer_survives_a_failing_poll(tmp_path: Path) -> None:
     assert asyncio.run(scenario()) >= 3
 
 
+def test_a_change_between_rescan_and_re_watch_still_counts(tmp_path: Path) -> None:
+    """A daemon rescans, then re-watches: a counter rising in between must show at the next poll, not wait for the
+    next full rescan."""
+    counter, state = tmp_path / "total", tmp_path / "state"
+    counter.write_text("0\n")
+    state.write_text("4: ACTIVE\n")
+    poller = FilePoller()
+    try:
+        poller.watch([counter])
+        counter.write_text("1\n")  # after the rescan read it, before the re-watch
+        poller.watch([counter, state])  # a device came: its file starts from what it holds now
+        assert poller.changed(), "the rise was seen"
+        assert not poller.changed(), "and only once"
+        state.write_text("1: DOWN\n")
+        assert poller.changed()
+    finally:
+        poller.close()
+
+
 def _poller(usage: UsageTracker) -> PodResourcesPoller:
     async def make() -> PodResourcesPoller:  # the client's channel wants a running loop
         return PodResourcesPoller(Path("/nonexistent/kubelet.sock"), usage, lambda: None, interval=2.0,

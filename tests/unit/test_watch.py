@@ -127,7 +127,9 @@ def test_file_poller_sees_content_changes_and_never_blocks(tmp_path: Path) -> No
         assert not poller.changed()
         state.unlink()
         state.write_text("4: ACTIVE\n")  # a new file under the old name: seen once watch() re-opens (rescan)
+        assert not poller.changed(), "the poller still reads the old file"
         poller.watch([state, fifo, later])
+        assert poller.changed(), "compared with what the last poll read, not with what the rescan saw"
         assert not poller.changed()
         state.write_text("1: DOWN\n")
         assert poller.changed()
