@@ -248,6 +248,15 @@ class DraService:
         self._last_push = asyncio.get_running_loop().time()
         await self.plugin.health_changed()
 
+    async def _fold_journal(self) -> None:
+        """On a clean stop, fold the checkpoint's journal into its snapshot (an older driver, after a rollback,
+        reads the snapshot alone); under the locks, since the other pod of a rolling update may be mid-prepare."""
+        try:
+            async with self.plugin.exclusive():
+                await asyncio.to_thread(self.store.compact)
+        except OSError as exc:  # the journal still holds every change: nothing is lost
+            log.warning("could not fold the checkpoint journal into its snapshot", extra=kv(error=exc))
+
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         if self.liveness is not None:
             await self.liveness.stop()
@@ -257,6 +266,7 @@ class DraService:
                 await asyncio.wait_for(task, 5)
             except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
+        await self._fold_journal()
         if self.remove_slices_on_exit and self.publisher is not None:
             try:
                 await self.publisher.remove_all()

@@ -73,6 +73,7 @@ class ClaimStore:
 
     def compact(self) -> None:
         """Fold the journal into a new snapshot (on a clean stop: an older driver reads the snapshot alone)."""
+        self.refresh()  # another process may have recorded changes since: the snapshot must hold them too
         if not self.error and self.file.journaled:
             self._save()
 

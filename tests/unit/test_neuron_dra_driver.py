@@ -611,3 +611,15 @@ def test_two_pods_of_a_rolling_update_share_one_checkpoint(tmp_path: Path) -> No
     new.unprepare(first)
     assert old.prepare(second)[0].device == "neuron-device-2", "a claim the other pod unprepared frees its device"
     assert CheckpointFile(old.store.path).load().claims.keys() == {"u-2"}
+
+
+def test_a_clean_stop_leaves_a_snapshot_an_older_driver_can_read_alone(tmp_path: Path) -> None:
+    """An older driver (a rollback) reads checkpoint.json and knows nothing of the journal: after a clean stop the
+    snapshot alone holds every prepared claim, those the other pod of a rolling update recorded included."""
+    old, new = Rig(tmp_path), Rig(tmp_path)
+    old.prepare(old.reader.add(make_claim("u-1", [1])))
+    new.prepare(new.reader.add(make_claim("u-2", [2], name="other")))
+    old.store.compact()  # what the service does on a clean stop
+    body = json.loads(old.store.path.read_text())["body"]
+    assert sorted(body["claims"]) == ["u-1", "u-2"]
+    assert {c["requests"][0]["devices"][0] for c in body["claims"].values()} == {"neuron-device-1", "neuron-device-2"}
