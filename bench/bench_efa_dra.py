@@ -109,7 +109,7 @@ async def bench_prepare(cp: ControlPlane, root: Path, iterations: int) -> None:
             local.append(driver.last_local_seconds)
             await conn.unprepare(ref)
         print(f"EFA prepare {count:2d} device(s) through the DRA socket incl. API read: {ms(full)}")
-        print(f"  of which without the API read (config, checkpoint x2 fsync, CDI spec): {ms(local)}")
+        print(f"  of which without the API read (config, CDI spec, one synced journal record): {ms(local)}")
     await conn.close()
     await plugin.stop()
     await client.close()
