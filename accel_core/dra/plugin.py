@@ -85,8 +85,10 @@ def _truncate(message: str) -> str:
 
 class _Serial:
     """Prepares and unprepares one at a time: a thread lock (this process) and, with ``path``, an exclusive flock
-    on that file (the other pod of a rolling update). :meth:`held` waits in the calling thread (a DRA server
-    thread); :meth:`held_async` never blocks the event loop (non-blocking tries, backing off up to 50 ms)."""
+    on that file (the other pod of a rolling update). Both wait with non-blocking tries, backing off up to 50 ms:
+    :meth:`held` in the calling thread (a DRA server thread), until :meth:`stop` (then ClaimError: the kubelet
+    retries), so a stopping driver never hangs on the other pod's lock; :meth:`held_async` without blocking the
+    event loop."""
 
     RETRY_MIN = 0.002
     RETRY_MAX = 0.05
@@ -94,6 +96,13 @@ class _Serial:
     def __init__(self, path: Path | None) -> None:
         self._lock = threading.Lock()
         self._path = path
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        self._stopping.clear()
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -101,10 +110,14 @@ class _Serial:
             fd = self._open()
             try:
                 if fd is not None:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        fcntl.flock(fd, fcntl.LOCK_EX)  # another pod is mid-prepare: wait in this thread
+                    backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
+                    while True:
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            break
+                        except BlockingIOError:  # another pod is mid-prepare: wait in this thread
+                            if self._stopping.wait(backoff.next()):
+                                raise ClaimError("the driver is stopping; the kubelet retries the call") from None
                 yield
             finally:
                 self._close(fd)
@@ -113,7 +126,7 @@ class _Serial:
     async def held_async(self) -> AsyncIterator[None]:
         backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
         while not self._lock.acquire(blocking=False):
-            await asyncio.sleep(backoff.next())
+            await self._wait(backoff)
         try:
             fd = self._open()
             try:
@@ -124,12 +137,17 @@ class _Serial:
                             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                             break
                         except BlockingIOError:
-                            await asyncio.sleep(backoff.next())
+                            await self._wait(backoff)
                 yield
             finally:
                 self._close(fd)
         finally:
             self._lock.release()
+
+    async def _wait(self, backoff: Backoff) -> None:
+        if self._stopping.is_set():
+            raise ClaimError("the driver is stopping; the kubelet retries the call")
+        await asyncio.sleep(backoff.next())
 
     def _open(self) -> int | None:
         if self._path is None:
@@ -190,6 +208,7 @@ class DraPlugin:
         self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        self._serial.start()
         dra = grpc.server(ThreadPoolExecutor(DRA_SERVER_THREADS, thread_name_prefix="dra-grpc"))
         d1_grpc.add_DRAPluginServicer_to_server(_DraV1(self), dra)
         d1b_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(self), dra)
@@ -220,6 +239,7 @@ class DraPlugin:
         with self._health_cond:  # end the health streams
             self._stopping = True
             self._health_cond.notify_all()
+        self._serial.stop()  # calls waiting for the other pod's lock give up
         if self._dra_server is not None:
             stopped = self._dra_server.stop(grace=0.5)
             await asyncio.to_thread(stopped.wait, 5)
@@ -317,14 +337,19 @@ class DraPlugin:
         out: Results = {}
         if not claims:
             return out
-        with self._serial.held():
-            start = time.perf_counter()
-            try:
-                results: Mapping[str, Any] = work(claims)
-            except Exception as exc:  # a handler bug: every claim of the request reports it
-                log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
-                results = {c.uid: exc for c in claims}
-            elapsed = time.perf_counter() - start
+        start = time.perf_counter()
+        results: Mapping[str, Any]
+        try:
+            with self._serial.held():
+                start = time.perf_counter()
+                try:
+                    results = work(claims)
+                except Exception as exc:  # a handler bug: every claim of the request reports it
+                    log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
+                    results = {c.uid: exc for c in claims}
+        except ClaimError as exc:  # stopped while waiting for the other pod's lock
+            results = {c.uid: exc for c in claims}
+        elapsed = time.perf_counter() - start
         for claim in claims:
             result = results.get(claim.uid)
             if isinstance(result, BaseException):
@@ -356,16 +381,21 @@ class DraPlugin:
         out: dict[str, tuple[list[PreparedDevice], str]] = {}
         if not claims:
             return out
-        async with self.exclusive():
+        try:
+            async with self.exclusive():
+                for claim in claims:
+                    start = time.perf_counter()
+                    devices: list[PreparedDevice] | None = None
+                    error: BaseException | None = None
+                    try:
+                        devices = await fn(claim)
+                    except Exception as exc:
+                        error = exc
+                    out[claim.uid] = self._settled(operation, claim, devices, error, time.perf_counter() - start)
+        except ClaimError as exc:  # stopped while waiting for the other pod's lock
             for claim in claims:
-                start = time.perf_counter()
-                devices: list[PreparedDevice] | None = None
-                error: BaseException | None = None
-                try:
-                    devices = await fn(claim)
-                except Exception as exc:
-                    error = exc
-                out[claim.uid] = self._settled(operation, claim, devices, error, time.perf_counter() - start)
+                if claim.uid not in out:
+                    out[claim.uid] = self._settled(operation, claim, None, exc, 0.0)
         return out
 
     # -- health --------------------------------------------------------------------------------------------------

@@ -254,7 +254,7 @@ class DraService:
         try:
             async with self.plugin.exclusive():
                 await asyncio.to_thread(self.store.compact)
-        except OSError as exc:  # the journal still holds every change: nothing is lost
+        except (OSError, ClaimError) as exc:  # the journal still holds every change: nothing is lost
             log.warning("could not fold the checkpoint journal into its snapshot", extra=kv(error=exc))
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Awaitable
 from pathlib import Path
 
+import grpc
 import pytest
 from lockspy import FlockBusySpy
 
@@ -308,4 +309,55 @@ def test_registration_rejection_is_reported(short_tmp: Path) -> None:
         finally:
             ks.KUBELET_DRA_SERVICES = old
             await plugin.stop()
+    asyncio.run(scenario())
+
+
+class BlockingToyHandler(ToyHandler):
+    """A handler with the core driver's thread entry points: its calls run in the DRA server's thread."""
+
+    def prepare_blocking(self, claims: list[ClaimRef], loop: object) -> dict[str, object]:
+        self.calls += [f"prepare:{c.name}" for c in claims]
+        return {c.uid: [PreparedDevice("node-a", "toy-0", (f"k8s.toy/claim={c.uid}-toy-0",), ("req",))]
+                for c in claims}
+
+    def unprepare_blocking(self, claims: list[ClaimRef]) -> dict[str, object]:
+        return {c.uid: None for c in claims}
+
+
+@pytest.mark.parametrize("handler", [ToyHandler, BlockingToyHandler], ids=["on-the-loop", "in-the-server-thread"])
+def test_a_call_waiting_for_the_other_pods_lock_gives_up_when_the_driver_stops(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch, handler: type[ToyHandler]) -> None:
+    """A stopping driver must not hang on the other pod's lock: the waiting call fails (the kubelet retries it),
+    and stop() returns."""
+    async def scenario() -> None:
+        spy = FlockBusySpy()
+        monkeypatch.setattr(plugin_module, "fcntl", spy)
+        standin, plugin, _ = await _start(short_tmp)
+        plugin.handler = handler()
+        other = await _holder(plugin.data_dir / "serialize.lock", "hold", short_tmp / "released")
+        assert other.stdout is not None
+        assert (await asyncio.wait_for(other.stdout.readline(), 10)).strip() == b"held"
+        conn = await standin.register_dra(DRIVER)
+        call = asyncio.ensure_future(conn.prepare(("ns", "u1", "c1")))
+        await spy.wait_busy(10)
+        await asyncio.wait_for(plugin.stop(), 10)
+        try:
+            resp = await asyncio.wait_for(call, 10)
+            assert "stopping" in resp["u1"].error  # type: ignore[attr-defined]
+        except grpc.aio.AioRpcError as exc:  # or the server cancelled the call on its way down
+            assert exc.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), exc
+        assert other.stdin is not None
+        other.stdin.write(b"\n")  # the other pod lets go
+        await other.stdin.drain()
+        await other.wait()
+        for _ in range(200):  # take the locks ourselves once nobody holds them (a call still waiting would first)
+            try:
+                async with plugin.exclusive():
+                    break
+            except ClaimError:
+                await asyncio.sleep(0.025)
+        else:
+            pytest.fail("the locks stayed taken after the other pod let go")
+        assert plugin.handler.calls == [], "the stopped driver gave the call up instead of preparing it later"
+        await conn.close()
     asyncio.run(scenario())
