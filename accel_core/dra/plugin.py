@@ -83,6 +83,10 @@ def _truncate(message: str) -> str:
     return message if len(message) <= HEALTH_MESSAGE_MAX else message[: HEALTH_MESSAGE_MAX - 3] + "..."
 
 
+def _stopping_error() -> ClaimError:
+    return ClaimError("the driver is stopping; the kubelet retries the call")
+
+
 class _Serial:
     """Prepares and unprepares one at a time: a thread lock (this process) and, with ``path``, an exclusive flock
     on that file (the other pod of a rolling update). Both wait with non-blocking tries, backing off up to 50 ms:
@@ -109,15 +113,10 @@ class _Serial:
         with self._lock:
             fd = self._open()
             try:
-                if fd is not None:
-                    backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
-                    while True:
-                        try:
-                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                            break
-                        except BlockingIOError:  # another pod is mid-prepare: wait in this thread
-                            if self._stopping.wait(backoff.next()):
-                                raise ClaimError("the driver is stopping; the kubelet retries the call") from None
+                backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
+                while not self._try_flock(fd):  # another pod is mid-prepare: wait in this thread
+                    if self._stopping.wait(backoff.next()):
+                        raise _stopping_error()
                 yield
             finally:
                 self._close(fd)
@@ -130,14 +129,9 @@ class _Serial:
         try:
             fd = self._open()
             try:
-                if fd is not None:
-                    backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
-                    while True:
-                        try:
-                            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                            break
-                        except BlockingIOError:
-                            await self._wait(backoff)
+                backoff = Backoff(self.RETRY_MIN, self.RETRY_MAX)
+                while not self._try_flock(fd):
+                    await self._wait(backoff)
                 yield
             finally:
                 self._close(fd)
@@ -146,8 +140,19 @@ class _Serial:
 
     async def _wait(self, backoff: Backoff) -> None:
         if self._stopping.is_set():
-            raise ClaimError("the driver is stopping; the kubelet retries the call")
+            raise _stopping_error()
         await asyncio.sleep(backoff.next())
+
+    @staticmethod
+    def _try_flock(fd: int | None) -> bool:
+        """Take the flock without waiting; True when taken (or there is no file lock)."""
+        if fd is None:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
 
     def _open(self) -> int | None:
         if self._path is None:
