@@ -182,9 +182,10 @@ class DraDriver:
                       ) -> dict[str, list[PreparedDevice] | Exception]:
         out: dict[str, list[PreparedDevice] | Exception] = {}
         fresh: list[ClaimRef] = []
-        known: list[ClaimRef] = []  # prepared already, as far as this process knows
+        known: list[PreparedClaim] = []  # prepared already
+        self.store.refresh()  # what another process (the other pod of a rolling update) recorded meanwhile
         for claim in claims:
-            if claim.uid in out or any(c.uid == claim.uid for c in (*fresh, *known)):
+            if claim.uid in out or any(c.uid == claim.uid for c in fresh) or any(c.uid == claim.uid for c in known):
                 continue  # the same claim twice in one request gets one answer
             try:
                 check_claim_ref(claim)
@@ -194,14 +195,11 @@ class DraDriver:
                 out[claim.uid] = exc
                 continue
             existing = self.store.get(claim.uid)
-            (known if existing is not None and existing.state == STATE_COMPLETED else fresh).append(claim)
-        if known:
-            again = self._answer_again(known)
-            for claim in known:
-                if claim.uid in again:
-                    out[claim.uid] = again[claim.uid]
-                else:  # another process unprepared it meanwhile
-                    fresh.append(claim)
+            if existing is not None and existing.state == STATE_COMPLETED:
+                known.append(existing)
+            else:
+                fresh.append(claim)
+        out.update(self._answer_again(known))
         if not fresh:
             return out
         read_start = time.perf_counter()
@@ -250,8 +248,8 @@ class DraDriver:
                 if isinstance(data, BaseException):
                     raise data
                 plan = self._plan(claim, data)
-                for device in plan.devices:  # (against recorded claims: in the write thread, after a refresh)
-                    holder = planned.get(device)
+                for device in plan.devices:
+                    holder = self.store.holder(device, other_than=claim.uid) or planned.get(device)
                     if holder is not None:
                         raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
                 try:
@@ -299,19 +297,15 @@ class DraDriver:
         return self._unprepare(claims)
 
     def _record(self, plans: Sequence[PreparedClaim]) -> dict[str, PreparedClaim | ClaimError]:
-        """Check the guard (a blocked node fails every planned claim and records nothing), take in what another
-        process recorded meanwhile, write the CDI specs, then record every claim whose spec was written with one
-        durable checkpoint write, all in one worker thread (one thread hop per request; two threads writing at once
-        measured slower). When that write fails, the specs go again: no answer may refer to them. A kill in
-        between is repaired at start (:meth:`remove_orphan_specs`)."""
+        """Check the guard (a blocked node fails every planned claim and records nothing), write the CDI specs,
+        then record every claim whose spec was written with one durable journal record. When that write fails,
+        the specs go again: no answer may refer to them. A kill in between is repaired at start
+        (:meth:`remove_orphan_specs`)."""
         reason = self._guard()
         if reason:
             return {p.uid: ClaimError(reason) for p in plans}
-        out: dict[str, PreparedClaim | ClaimError] = {}
-        self.store.refresh()
-        plans = self._check_recorded(plans, out)
         failed = self._write_specs(plans)
-        out.update(failed)
+        out: dict[str, PreparedClaim | ClaimError] = dict(failed)
         written = [p for p in plans if p.uid not in failed]
         if not written:
             return out
@@ -326,46 +320,16 @@ class DraDriver:
             out.update({p.uid: p for p in written})
         return out
 
-    def _check_recorded(self, plans: Sequence[PreparedClaim], out: dict[str, PreparedClaim | ClaimError]
-                        ) -> list[PreparedClaim]:
-        """The plans to record, checked against the recorded claims (fresh from the checkpoint: another process
-        may have recorded some): a claim prepared meanwhile keeps that answer, and a plan holding a device another
-        claim holds fails (``out`` gets both). The last line of defence against handing a device out twice."""
-        keep = []
-        for plan in plans:
-            if self.store.error:
-                out[plan.uid] = self._unusable()
-                continue
-            existing = self.store.get(plan.uid)
-            if existing is not None and existing.state == STATE_COMPLETED:
-                out[plan.uid] = existing
-                continue
-            taken = [(d, h) for d in plan.devices if (h := self.store.holder(d, other_than=plan.uid)) is not None]
-            if taken:
-                device, holder = taken[0]
-                out[plan.uid] = ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
-                continue
-            keep.append(plan)
-        return keep
-
-    def _answer_again(self, known: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | ClaimError]:
-        """The answers of claims recorded as prepared (their specs re-created if missing), after taking in what
-        another process recorded; a claim no longer recorded is left out (it is prepared afresh)."""
-        self.store.refresh()
-        out: dict[str, list[PreparedDevice] | ClaimError] = {}
+    def _answer_again(self, known: Sequence[PreparedClaim]) -> dict[str, list[PreparedDevice] | Exception]:
+        """The answers of claims recorded as prepared: the same devices, their specs re-created if missing."""
+        out: dict[str, list[PreparedDevice] | Exception] = {}
         for claim in known:
-            if self.store.error:
-                out[claim.uid] = self._unusable()
-                continue
-            existing = self.store.get(claim.uid)
-            if existing is None or existing.state != STATE_COMPLETED:
-                continue
             try:
-                self._ensure_spec(existing)
+                self._ensure_spec(claim)
             except ClaimError as exc:
                 out[claim.uid] = exc
                 continue
-            out[claim.uid] = existing.prepared_devices(self.cdi.qualified)
+            out[claim.uid] = claim.prepared_devices(self.cdi.qualified)
         return out
 
     def _unusable(self) -> ClaimError:

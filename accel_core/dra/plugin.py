@@ -90,23 +90,17 @@ def _stopping_error() -> ClaimError:
 class _Serial:
     """Prepares and unprepares one at a time: a thread lock (this process) and, with ``path``, an exclusive flock
     on that file (the other pod of a rolling update). Both wait with non-blocking tries, backing off up to 50 ms:
-    :meth:`held` in the calling thread (a DRA server thread), until :meth:`stop` (then ClaimError: the kubelet
-    retries), so a stopping driver never hangs on the other pod's lock; :meth:`held_async` without blocking the
-    event loop."""
+    :meth:`held` in the calling thread (a DRA server thread), :meth:`held_async` without blocking the event loop;
+    once ``stopping`` is set a wait ends in ClaimError (the kubelet retries), so a stopping driver never hangs on
+    the other pod's lock."""
 
     RETRY_MIN = 0.002
     RETRY_MAX = 0.05
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, stopping: threading.Event) -> None:
         self._lock = threading.Lock()
         self._path = path
-        self._stopping = threading.Event()
-
-    def start(self) -> None:
-        self._stopping.clear()
-
-    def stop(self) -> None:
-        self._stopping.set()
+        self._stopping = stopping
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -190,10 +184,10 @@ class DraPlugin:
         self.dra_socket = self.data_dir / (f"dra{suffix}.sock")
         self.serve_health = serve_health
         self.metrics = DraMetrics(registry)
-        self._serial = _Serial(self.data_dir / "serialize.lock" if pod_uid else None)
+        self._stopping = threading.Event()  #: set by stop(): health streams end, lock waits give up
+        self._serial = _Serial(self.data_dir / "serialize.lock" if pod_uid else None, self._stopping)
         self._health_version = 0
         self._health_cond = threading.Condition()
-        self._stopping = False
         self._servers: list[grpc.aio.Server] = []
         self._dra_server: grpc.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -212,8 +206,7 @@ class DraPlugin:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
-        self._stopping = False
-        self._serial.start()
+        self._stopping.clear()
         dra = grpc.server(ThreadPoolExecutor(DRA_SERVER_THREADS, thread_name_prefix="dra-grpc"))
         d1_grpc.add_DRAPluginServicer_to_server(_DraV1(self), dra)
         d1b_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(self), dra)
@@ -241,10 +234,8 @@ class DraPlugin:
         for server in reversed(self._servers):
             await server.stop(grace=0.5)
         self._servers.clear()
-        with self._health_cond:  # end the health streams
-            self._stopping = True
-            self._health_cond.notify_all()
-        self._serial.stop()  # calls waiting for the other pod's lock give up
+        self._stopping.set()  # calls waiting for the other pod's lock give up
+        self.wake_health_streams()  # and the health streams end
         if self._dra_server is not None:
             stopped = self._dra_server.stop(grace=0.5)
             await asyncio.to_thread(stopped.wait, 5)
@@ -342,19 +333,18 @@ class DraPlugin:
         out: Results = {}
         if not claims:
             return out
-        start = time.perf_counter()
         results: Mapping[str, Any]
         try:
             with self._serial.held():
-                start = time.perf_counter()
+                start = time.perf_counter()  # the time under the locks, as on the event-loop path
                 try:
                     results = work(claims)
                 except Exception as exc:  # a handler bug: every claim of the request reports it
                     log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
                     results = {c.uid: exc for c in claims}
+            elapsed = time.perf_counter() - start
         except ClaimError as exc:  # stopped while waiting for the other pod's lock
-            results = {c.uid: exc for c in claims}
-        elapsed = time.perf_counter() - start
+            results, elapsed = {c.uid: exc for c in claims}, 0.0
         for claim in claims:
             result = results.get(claim.uid)
             if isinstance(result, BaseException):
@@ -415,14 +405,15 @@ class DraPlugin:
         seen = -1
         while True:
             with self._health_cond:
-                while self._health_version == seen and not self._stopping and active():
+                while self._health_version == seen and not self._stopping.is_set() and active():
                     self._health_cond.wait()
-                if self._stopping or not active():
+                if self._stopping.is_set() or not active():
                     return
                 seen = self._health_version
             yield self.handler.health() or []
 
-    def _wake_health(self) -> None:
+    def wake_health_streams(self) -> None:
+        """Let every waiting health stream look again (at the version, the stop, its call's state)."""
         with self._health_cond:
             self._health_cond.notify_all()
 
@@ -506,7 +497,7 @@ class _Health(hp_grpc.DRAResourceHealthServicer):
     def NodeWatchResources(  # noqa: N802
         self, request: hp.NodeWatchResourcesRequest, context: grpc.ServicerContext
     ) -> Iterator[hp.NodeWatchResourcesResponse]:
-        context.add_callback(self._p._wake_health)  # a cancelled stream wakes its thread at once
+        context.add_callback(self._p.wake_health_streams)  # a cancelled stream wakes its thread at once
         for reports in self._p.health_updates(context.is_active):
             now = int(time.time())
             msg = hp.NodeWatchResourcesResponse()
