@@ -1,42 +1,60 @@
 # syntax=docker/dockerfile:1
 # One image for every daemon of aws-accel-agents: efa-device-plugin, efa-dra-driver, neuron-device-plugin,
-# neuron-dra-driver (and the read-only inspection commands). The Helm charts pick the daemon with `command:`.
-# The dev-only code (accel_core/fakehost, accel_core/devtools) is left out by .dockerignore: no daemon needs it.
+# neuron-dra-driver, neuron-scheduler-extender (and the read-only inspection commands). The Helm charts pick the
+# daemon with `command:`. The dev-only code (accel_core/fakehost, accel_core/devtools) is left out by .dockerignore:
+# no daemon needs it.
 #
-#   docker build -t aws-accel-agents:0.1.0 .
+#   make image                                   # no registry: buildah, FROM a Debian bookworm + python3.11 base made
+#                                                # by mmdebstrap (scripts/build-images.sh); OCI archive in dist/image/
+#   docker build -t ghcr.io/aws-accel-agents/aws-accel-agents:0.1.0 .    # where a registry is reachable
 #   docker build --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest> ...   # pin by digest too
 #
-# Stage 1 builds the project wheel and collects the wheels of its dependencies; stage 2 installs exactly those wheels
-# (no index, no compiler, no source tree) and then removes pip itself, and the dev tools' console scripts (their
-# modules are not in the image).
+# Stage 1 installs the project and its dependencies into a virtual environment, /opt/venv, from wheels only (the
+# wheelhouse of the context when it is filled, else the index); stage 2 copies that environment onto a clean base
+# and keeps nothing else: no pip, no setuptools, no compiler, no source tree, no dev console scripts.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# PIP_NO_INDEX=1 (a build argument, so an environment variable of the RUN steps) makes pip use the wheelhouse only.
+ARG PIP_NO_INDEX
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ONLY_BINARY=:all: PIP_FIND_LINKS=/wheelhouse
 WORKDIR /src
-# Only what the wheel needs (see .dockerignore): the build does not depend on tests, charts or docs.
+# Only what the install needs (see .dockerignore): the build does not depend on tests, charts or docs.
+COPY wheelhouse/ /wheelhouse/
 COPY pyproject.toml README.md ./
 COPY accel_core ./accel_core
 COPY efa_plugin ./efa_plugin
 COPY neuron_dra ./neuron_dra
-# The project wheel (PEP 517 build in an isolated environment) plus a wheel for every runtime dependency.
-RUN pip wheel --no-cache-dir --prefer-binary --wheel-dir /wheels .
+# pip: the venv's own where the base has ensurepip (python:*-slim), else the pip wheel of the wheelhouse run as a
+# zip (a Debian python3 has neither ensurepip nor pip, by design). The project itself is built from this source
+# (PIP_ONLY_BINARY covers its dependencies; the project is a local directory). Then pip, setuptools and the dev
+# tools' console scripts go: their modules are not in the image.
+# hadolint ignore=SC2086
+RUN if python3 -c "import ensurepip" 2>/dev/null; then \
+        python3 -m venv /opt/venv && pip="/opt/venv/bin/python -m pip"; \
+    else \
+        python3 -m venv --without-pip /opt/venv && pip="/opt/venv/bin/python $(echo /wheelhouse/pip-*.whl)/pip"; \
+    fi \
+    && $pip install --no-compile . \
+    && /opt/venv/bin/python -m compileall -q -j 0 /opt/venv/lib \
+    && rm -rf /opt/venv/bin/pip* /opt/venv/lib/python3*/site-packages/pip /opt/venv/lib/python3*/site-packages/pip-* \
+        /opt/venv/lib/python3*/site-packages/setuptools* /opt/venv/lib/python3*/site-packages/_distutils_hack \
+        /opt/venv/lib/python3*/site-packages/distutils-precedence.pth /opt/venv/lib/python3*/site-packages/pkg_resources \
+        /opt/venv/bin/fake-sysfs /opt/venv/bin/accel-demo /opt/venv/bin/accel-cluster
 
 FROM ${PYTHON_IMAGE}
-ENV PYTHONUNBUFFERED=1 \
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-# Install from the wheels of stage 1 only (mounted for this step, so they do not stay in a layer); then drop pip,
-# setuptools and wheel, which the daemons never use. The last line fails the build if a console script or libudev
-# (pyudev's udev monitor) is missing.
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/aws_accel_agents-*.whl \
-    && pip uninstall --yes --quiet pip setuptools wheel \
-    && python -c "import pyudev; pyudev.Context()" \
-    && rm -f /usr/local/bin/fake-sysfs /usr/local/bin/accel-demo /usr/local/bin/accel-cluster \
+# The build fails if a daemon's console script or libudev (pyudev's udev monitor) is missing.
+RUN python3 -c "import pyudev; pyudev.Context()" \
     && efa-device-plugin --help >/dev/null \
     && efa-dra-driver --help >/dev/null \
     && neuron-device-plugin --help >/dev/null \
-    && neuron-dra-driver --help >/dev/null
+    && neuron-dra-driver --help >/dev/null \
+    && neuron-scheduler-extender --help >/dev/null
 LABEL org.opencontainers.image.title="aws-accel-agents" \
       org.opencontainers.image.description="Kubernetes node agents for AWS accelerators: EFA and Neuron device plugins and DRA drivers" \
       org.opencontainers.image.licenses="Apache-2.0"

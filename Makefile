@@ -1,11 +1,12 @@
 # Two entry points that work on a fresh machine:
 #   make demo   - set up, then run every daemon on a fake p5/trn2 node against the kubelet stand-in
-#   make test   - set up, build the real Kubernetes parts (cached), lint, type-check and run all tests
+#   make test   - set up, build the real Kubernetes parts, containerd and the image (cached), lint, type-check and
+#                 run all tests
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck unit protos kube kube-peers bench bench-compare clean
+.PHONY: setup demo test lint typecheck unit protos kube runtime image kube-peers bench bench-compare clean
 
 setup: $(VENV)/.installed
 
@@ -17,6 +18,14 @@ $(VENV)/.installed: pyproject.toml
 
 kube:
 	scripts/build-kube.sh
+
+# containerd 2.x + runc (and buildah, mmdebstrap, busybox) for the rig's containerd nodes, cached; nothing installed
+runtime:
+	scripts/build-runtime.sh
+
+# The project image from the Dockerfile, with no registry: OCI archive + package listing in dist/image/ (cached)
+image: setup runtime
+	scripts/build-images.sh
 
 # The Go peers of the side-by-side benchmark (own cache; `make test` never builds them)
 kube-peers:
@@ -43,7 +52,7 @@ XDIST ?= -n 3 --dist worksteal
 unit: setup
 	$(BIN)/pytest $(XDIST) tests/unit tests/component
 
-test: setup kube lint typecheck
+test: setup kube image lint typecheck
 	$(BIN)/pytest $(XDIST) tests/unit tests/component
 	$(BIN)/pytest tests/e2e
 

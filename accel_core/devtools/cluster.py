@@ -1,16 +1,19 @@
 """``accel-cluster``: run the real Kubernetes control plane on 127.0.0.1 in the background for people, with real
 kubelet nodes on fake hosts.
 
-    accel-cluster up [--state-dir D] [--node NAME=INSTANCE_TYPE ...] [--lnc 1|2] [--no-efa]
-                     [--no-with-scheduler] [--no-with-controller-manager]
+    accel-cluster up [--state-dir D] [--node NAME=INSTANCE_TYPE ...] [--runtime fakecri|containerd] [--lnc 1|2]
+                     [--no-efa] [--no-with-scheduler] [--no-with-controller-manager]
     accel-cluster node-env NAME       # KEY=value lines for the daemons: env $(accel-cluster node-env n1) ...
+    accel-cluster logs NAMESPACE/POD [-c CONTAINER]   # a container's output, from its node's /var/log/pods
     accel-cluster status | kubeconfig | down [--purge]
 
 The state directory (default ``${XDG_STATE_HOME:-~/.local/state}/aws-accel-agents/cluster``) keeps the
 certificates, the etcd data, the logs, the admin kubeconfig and ``cluster.json`` (ports and PIDs), so a
 ``down`` followed by ``up`` resumes the same cluster. Each ``--node`` gets ``nodes/<NAME>/``: a fake-sysfs tree of
-its instance type and one real kubelet with the fake CRI runtime (see ``accel_core.devtools.kubeletnode``); an ``up``
-with more ``--node`` flags adds nodes to a running cluster.
+its instance type and one real kubelet with the fake CRI runtime (see ``accel_core.devtools.kubeletnode``), or with
+``--runtime containerd`` a real containerd + runc running real containers from locally built images (see
+``accel_core.devtools.containerdnode``; build them with ``make runtime``); an ``up`` with more ``--node`` flags adds
+nodes to a running cluster.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from accel_core.devtools.containerdnode import FAKECRI_RUNTIME, RUNTIMES
 from accel_core.devtools.controlplane import (
     APISERVER,
     ClusterRecord,
@@ -32,7 +36,7 @@ from accel_core.devtools.controlplane import (
     recorded_process,
     stop_recorded,
 )
-from accel_core.devtools.kubeletnode import KubeletNode, NodeLayout, NodeRecord, stop_recorded_node
+from accel_core.devtools.kubeletnode import KubeletNode, NodeLayout, NodeRecord, pod_log_lines, stop_recorded_node
 from accel_core.devtools.kubeversions import kube_bin_dir
 
 NODES_DIR = "nodes"
@@ -75,15 +79,15 @@ def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
     """Start one kubelet node per ``--node``; a failed one is stopped again and the error names it."""
     from accel_core.fakehost import FakeHostError, UnknownInstanceType, build_host
 
-    wanted = {name: (itype, _lnc_for(itype, args.lnc), not args.no_efa) for name, itype in args.node}
-    if args.lnc is not None and args.node and all(lnc is None for _, lnc, _ in wanted.values()):
+    wanted = {name: (itype, _lnc_for(itype, args.lnc), not args.no_efa, args.runtime) for name, itype in args.node}
+    if args.lnc is not None and args.node and all(lnc is None for _, lnc, _, _ in wanted.values()):
         raise ControlPlaneError(f"--lnc {args.lnc}: none of the nodes' instance types has a Logical NeuronCore "
                                 "setting (trn2 types have)")
     for node_dir in node_dirs(args.state_dir):  # nodes of an earlier `up` come back too
         old = NodeRecord.load(node_dir)
         if old is not None and old.name not in wanted:
-            wanted[old.name] = (old.instance_type, old.lnc, old.efa)
-    for name, (itype, lnc, efa) in wanted.items():
+            wanted[old.name] = (old.instance_type, old.lnc, old.efa, old.runtime)
+    for name, (itype, lnc, efa, runtime) in wanted.items():
         node_dir = args.state_dir / NODES_DIR / name
         record = NodeRecord.load(node_dir)
         if record is not None and any(recorded_process(p) for p in record.processes):
@@ -92,7 +96,7 @@ def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
         if record is not None and record.instance_type != itype:
             raise ControlPlaneError(f"node {name} was made as {record.instance_type}, not {itype}; "
                                     "`accel-cluster down --purge` or pick another name")
-        layout = NodeLayout(node_dir)
+        layout = NodeLayout(node_dir, runtime)
         if not layout.host_root.exists():
             try:
                 build_host(layout.host_root, itype, efa=efa, lnc=lnc)
@@ -100,14 +104,14 @@ def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
                 shutil.rmtree(node_dir, ignore_errors=True)
                 raise ControlPlaneError(f"node {name}: {e}") from e
         node = KubeletNode(name, node_dir, server=server, pki=pki, bin_dir=kube_bin_dir(), instance_type=itype,
-                           lnc=lnc, efa=efa, detach=True, cert_days=365, verbosity=args.verbosity)
+                           lnc=lnc, efa=efa, detach=True, cert_days=365, verbosity=args.verbosity, runtime=runtime)
         try:
             node.start()
             node.wait_ready(timeout=args.timeout)
         except BaseException:
             node.stop()
             raise
-        print(f"accel-cluster: node {name} ({itype}) Ready in {node.ready_seconds:.1f}s; "
+        print(f"accel-cluster: node {name} ({itype}, {runtime}) Ready in {node.ready_seconds:.1f}s; "
               f"env: accel-cluster node-env {name}", file=sys.stderr)
 
 
@@ -191,10 +195,11 @@ def _status(args: argparse.Namespace) -> int:
         if node is None:
             continue
         live = [p.name for p in node.processes if recorded_process(p) is not None]
-        state = "running" if len(live) == 2 else ("stopped" if not live else "partly (" + ",".join(live) + ")")
-        print(f"node {node.name:<19} {state:<8} {node.instance_type}  kubelet ports={','.join(map(str, node.ports))}"
-              f"  dir={node_dir}")
-        all_up = all_up and len(live) == 2
+        whole = bool(node.processes) and len(live) == len(node.processes)
+        state = "running" if whole else ("stopped" if not live else "partly (" + ",".join(live) + ")")
+        print(f"node {node.name:<19} {state:<8} {node.instance_type} ({node.runtime})  "
+              f"kubelet ports={','.join(map(str, node.ports))}  dir={node_dir}")
+        all_up = all_up and whole
     return 0 if all_up else 1
 
 
@@ -205,8 +210,35 @@ def _node_env(args: argparse.Namespace) -> int:
         print(f"accel-cluster: no node {args.name} in {args.state_dir}; "
               f"run `accel-cluster up --node {args.name}=INSTANCE_TYPE` first", file=sys.stderr)
         return 1
-    for key, value in NodeLayout(node_dir).daemon_env(args.name, Path(record.admin_kubeconfig)).items():
+    node = NodeRecord.load(node_dir)
+    runtime = node.runtime if node is not None else "fakecri"
+    for key, value in NodeLayout(node_dir, runtime).daemon_env(args.name, Path(record.admin_kubeconfig)).items():
         print(f"{key}={value}")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    namespace, sep, pod = args.pod.partition("/")
+    if not sep or not namespace or not pod:
+        print(f"accel-cluster: logs wants NAMESPACE/POD, got {args.pod!r}", file=sys.stderr)
+        return 2
+    found = False
+    for node_dir in node_dirs(args.state_dir):
+        pod_logs = node_dir / "var-log" / "pods"
+        containers = sorted({d.name for d in pod_logs.glob(f"{namespace}_{pod}_*/*") if d.is_dir()}) \
+            if pod_logs.is_dir() else []
+        if not containers:
+            continue
+        found = True
+        wanted = args.container or containers[0]
+        if args.container is None and len(containers) > 1:
+            print(f"accel-cluster: {args.pod} has containers {', '.join(containers)}; showing {wanted} (-c to choose)",
+                  file=sys.stderr)
+        sys.stdout.write("".join(pod_log_lines(pod_logs, namespace, pod, wanted)))
+    if not found:
+        print(f"accel-cluster: no logs of {args.pod} on any node of {args.state_dir} (only containerd nodes keep "
+              "container output)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -226,6 +258,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="run a real kubelet node on a fake host of that instance type (repeatable)")
     up.add_argument("--lnc", type=int, choices=(1, 2), help="Logical NeuronCore setting of the nodes' fake hosts")
     up.add_argument("--no-efa", action="store_true", help="build the nodes' fake hosts without EFA")
+    up.add_argument("--runtime", choices=RUNTIMES, default=FAKECRI_RUNTIME,
+                    help="container runtime of the new nodes: fakecri (records what a container would get; the fast "
+                         "default) or containerd (real containers; `make runtime` builds it)")
     up.set_defaults(func=_up)
     down = sub.add_parser("down", parents=[common], help="stop the control plane")
     down.add_argument("--purge", action="store_true", help="also delete the state directory")
@@ -237,6 +272,10 @@ def _parser() -> argparse.ArgumentParser:
     env = sub.add_parser("node-env", parents=[common], help="print KEY=value lines that point a daemon at a node")
     env.add_argument("name", help="node name given to up --node")
     env.set_defaults(func=_node_env)
+    logs = sub.add_parser("logs", parents=[common], help="print a container's output (containerd nodes)")
+    logs.add_argument("pod", metavar="NAMESPACE/POD")
+    logs.add_argument("-c", "--container", help="container name (default: the first)")
+    logs.set_defaults(func=_logs)
     return parser
 
 

@@ -239,9 +239,37 @@ class ProcessRecord:
 
     name: str
     pid: int
-    create_time: float
+    #: The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22): unlike psutil's
+    #: ``create_time``, which is derived from the wall clock, it does not move when the clock is stepped.
+    start_ticks: int
     log: str
     ports: tuple[int, ...]
+
+    @classmethod
+    def of(cls, name: str, pid: int, log: str, ports: tuple[int, ...] = ()) -> ProcessRecord | None:
+        """A record of the running process ``pid``, or None when it is gone."""
+        ticks = process_start_ticks(pid)
+        return None if ticks is None else cls(name, pid, ticks, log, ports)
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> ProcessRecord:
+        """Parse one record; a record of an older version (``create_time``, wall clock) names no live process."""
+        return cls(name=str(raw["name"]), pid=int(raw["pid"]), start_ticks=int(raw.get("start_ticks", -1)),
+                   log=str(raw["log"]), ports=tuple(int(x) for x in raw.get("ports", ())))
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat`` (start time in clock ticks after boot), or None when the process is gone.
+    The command name (field 2) is in parentheses and may hold spaces or parentheses: split after the last ``)``."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])  # fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -270,16 +298,7 @@ class ClusterRecord:
         except (OSError, ValueError) as e:
             raise ControlPlaneError(f"cannot read {path}: {e}") from e
         try:
-            procs = tuple(
-                ProcessRecord(
-                    name=str(p["name"]),
-                    pid=int(p["pid"]),
-                    create_time=float(p["create_time"]),
-                    log=str(p["log"]),
-                    ports=tuple(int(x) for x in p["ports"]),
-                )
-                for p in raw.get("processes", [])
-            )
+            procs = tuple(ProcessRecord.from_json(p) for p in raw.get("processes", []))
             ports = {str(k): tuple(int(x) for x in v) for k, v in raw.get("ports", {}).items()}
             return cls(
                 server=str(raw["server"]),
@@ -293,10 +312,11 @@ class ClusterRecord:
 
 
 def recorded_process(rec: ProcessRecord) -> psutil.Process | None:
-    """The live process a record names, or None if it is gone (or its PID now belongs to another process)."""
+    """The live process a record names, or None if it is gone (or its PID now belongs to another process: its
+    start time in clock ticks differs, which a step of the wall clock cannot cause)."""
     try:
         proc = psutil.Process(rec.pid)
-        if abs(proc.create_time() - rec.create_time) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+        if process_start_ticks(rec.pid) != rec.start_ticks or proc.status() == psutil.STATUS_ZOMBIE:
             return None
         return proc
     except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -813,11 +833,9 @@ class ControlPlane:
     def _save_record(self) -> None:
         procs = []
         for comp in self._components.values():
-            try:
-                created = psutil.Process(comp.process.pid).create_time()
-            except psutil.NoSuchProcess:
-                continue
-            procs.append(ProcessRecord(comp.name, comp.process.pid, created, str(comp.log_path), comp.ports))
+            rec = ProcessRecord.of(comp.name, comp.process.pid, str(comp.log_path), comp.ports)
+            if rec is not None:
+                procs.append(rec)
         ports = dict(self._preferred_ports)
         ports.update({c.name: c.ports for c in self._components.values()})
         server = self.server if APISERVER in self._components else ""

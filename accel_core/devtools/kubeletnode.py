@@ -41,6 +41,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
+from accel_core.devtools.containerdnode import ContainerdRuntime, RuntimeBinaries, stop_namespace
 from accel_core.devtools.controlplane import (
     AdminApi,
     ApiRequestError,
@@ -57,6 +58,7 @@ from accel_core.devtools.controlplane import (
 
 KUBELET = "kubelet"
 FAKECRI = "fakecri"
+CONTAINERD = "containerd"
 NODE_RECORD = "node.json"
 #: ``/proc/sys`` entries the kubelet's container manager rewrites at start (``setupKernelTunables``).
 KUBELET_SYSCTLS = (
@@ -75,9 +77,12 @@ KUBELET_FEATURE_GATES: Mapping[str, bool] = {"ResourceHealthStatus": True}
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Where one node's files live; everything is under ``dir``."""
+    """Where one node's files live; everything is under ``dir``. A containerd node's kubelet uses the usual
+    ``/var/lib/kubelet`` inside its namespace (``<node>/var-lib/kubelet`` outside) and containerd reads CDI specs
+    from ``/var/run/cdi`` (``<node>/run/cdi``), so the charts' default host paths are right on it."""
 
     dir: Path
+    runtime: str = FAKECRI
 
     @property
     def host_root(self) -> Path:
@@ -86,8 +91,9 @@ class NodeLayout:
 
     @property
     def kubelet_root(self) -> Path:
-        """The kubelet's ``--root-dir`` (same path inside and outside its mount namespace)."""
-        return self.dir / "kubelet"
+        """The kubelet's ``--root-dir`` as seen from outside its mount namespace (with fakecri the same path
+        inside and outside)."""
+        return self.var_lib / "kubelet" if self.runtime == CONTAINERD else self.dir / "kubelet"
 
     @property
     def var_lib(self) -> Path:
@@ -105,7 +111,12 @@ class NodeLayout:
 
     @property
     def cdi_root(self) -> Path:
-        return self.dir / "cdi"
+        return self.dir / "run" / "cdi" if self.runtime == CONTAINERD else self.dir / "cdi"
+
+    @property
+    def pod_logs(self) -> Path:
+        """``/var/log/pods`` of the node."""
+        return self.var_log / "pods"
 
     @property
     def proc_sys(self) -> Path:
@@ -161,6 +172,7 @@ class NodeRecord:
     ports: tuple[int, ...] = ()
     lnc: int | None = None
     efa: bool = True
+    runtime: str = FAKECRI
 
     def save(self, node_dir: Path) -> None:
         tmp = node_dir / (NODE_RECORD + ".tmp")
@@ -175,14 +187,11 @@ class NodeRecord:
             return cls(
                 name=str(raw["name"]),
                 instance_type=str(raw["instance_type"]),
-                processes=tuple(
-                    ProcessRecord(str(p["name"]), int(p["pid"]), float(p["create_time"]), str(p["log"]),
-                                  tuple(int(x) for x in p["ports"]))
-                    for p in raw.get("processes", [])
-                ),
+                processes=tuple(ProcessRecord.from_json(p) for p in raw.get("processes", [])),
                 ports=tuple(int(x) for x in raw.get("ports", [])),
                 lnc=None if raw.get("lnc") is None else int(raw["lnc"]),
                 efa=bool(raw.get("efa", True)),
+                runtime=str(raw.get("runtime", FAKECRI)),
             )
         except FileNotFoundError:
             return None
@@ -285,9 +294,14 @@ class KubeletNode:
         cert_days: int = 30,
         feature_gates: Mapping[str, bool] | None = None,
         extra_args: Sequence[str] = (),
+        runtime: str = FAKECRI,
     ) -> None:
+        if runtime not in (FAKECRI, CONTAINERD):
+            raise ControlPlaneError(f"node {name}: unknown runtime {runtime!r} (fakecri or containerd)")
         self.name = name
-        self.layout = NodeLayout(Path(node_dir).resolve())
+        self.runtime = runtime
+        self.layout = NodeLayout(Path(node_dir).resolve(), runtime)
+        self._containerd: ContainerdRuntime | None = None
         self.server = server
         self.pki = pki
         self.bin_dir = Path(bin_dir)
@@ -346,7 +360,8 @@ class KubeletNode:
         for tool in ("unshare", "mount"):
             if shutil.which(tool) is None:
                 raise ControlPlaneError(f"`{tool}` (util-linux) is needed to run a kubelet node")
-        missing = [b for b in (KUBELET, FAKECRI) if not (self.bin_dir / b).is_file()]
+        missing = [b for b in (KUBELET, FAKECRI) if not (self.bin_dir / b).is_file()
+                   and (b == KUBELET or self.runtime == FAKECRI)]
         if missing:
             raise ControlPlaneError(f"missing {', '.join(missing)} in {self.bin_dir}; run scripts/build-kube.sh")
         self._refuse_if_running()
@@ -361,7 +376,10 @@ class KubeletNode:
         self.ports = _free_ports(2)
         self._write_config()
         try:
-            self._start_fakecri()
+            if self.runtime == CONTAINERD:
+                self._start_containerd()
+            else:
+                self._start_fakecri()
             self._start_kubelet()
         except BaseException:
             self.stop()
@@ -370,7 +388,12 @@ class KubeletNode:
         return self
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop the kubelet, then fakecri (SIGTERM, then SIGKILL). The node's files stay."""
+        """Stop the kubelet, then the runtime (SIGTERM, then SIGKILL): with containerd every container is killed
+        and deleted first and the node's namespaces go with their last process. The node's files stay."""
+        if self._containerd is not None:
+            self.stop_kubelet(timeout)
+            self._containerd.stop(timeout)
+            self._containerd = None
         for name in (KUBELET, FAKECRI):
             proc = self._procs.pop(name, None)
             if proc is not None and proc.poll() is None:
@@ -396,6 +419,24 @@ class KubeletNode:
         self.ready_seconds = None
         self._start_kubelet()
         self._save_record()
+
+    def reboot(self, timeout: float = 120.0) -> None:
+        """Everything of the node stopped (containers too, with containerd) and started again on the same files,
+        as after a reboot: the kubelet re-creates the pods the API server still binds to the node."""
+        self.stop()
+        self.start()
+        self.wait_ready(timeout)
+
+    def pod_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container of ``namespace/pod`` wrote (all its restarts, oldest first), from the node's
+        ``/var/log/pods`` in the CRI log format, without the timestamp/stream/tag prefix of each line."""
+        return "".join(pod_log_lines(self.layout.pod_logs, namespace, pod, container))
+
+    @property
+    def containerd(self) -> ContainerdRuntime:
+        if self._containerd is None:
+            raise ControlPlaneError(f"node {self.name} does not run containerd")
+        return self._containerd
 
     def kubelet_running(self) -> bool:
         proc = self._procs.get(KUBELET)
@@ -487,7 +528,8 @@ class KubeletNode:
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                                "x509": {"clientCAFile": str(self.pki.ca_cert)}},
             "authorization": {"mode": "AlwaysAllow"},
-            "containerRuntimeEndpoint": f"unix://{self.layout.cri_socket}",
+            "containerRuntimeEndpoint": ("unix:///run/containerd/containerd.sock" if self.runtime == CONTAINERD
+                                         else f"unix://{self.layout.cri_socket}"),
             # This machine is cgroup v1 and runs no real containers: no QoS or allocatable cgroups.
             "failCgroupV1": False,
             "cgroupsPerQOS": False,
@@ -527,14 +569,16 @@ class KubeletNode:
         labels = {"kubernetes.io/os": "linux"}
         if self.instance_type:
             labels[INSTANCE_TYPE_LABEL] = self.instance_type
+        root = "/var/lib/kubelet" if self.runtime == CONTAINERD else str(self.layout.kubelet_root)
+        node_ip = self._containerd.ip if self._containerd is not None else "127.0.0.1"
         return [
             str(self.bin_dir / KUBELET),
             f"--config={self.layout.config}",
             f"--kubeconfig={self.layout.kubeconfig}",
-            f"--root-dir={self.layout.kubelet_root}",
-            f"--cert-dir={self.layout.kubelet_root / 'pki'}",
+            f"--root-dir={root}",
+            f"--cert-dir={root}/pki",
             f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={node_ip}",
             "--node-labels=" + ",".join(f"{k}={v}" for k, v in labels.items()),
             f"--v={self._verbosity}",
             *self._extra_args,
@@ -551,8 +595,22 @@ class KubeletNode:
         lines.append("exec " + " ".join(q(a) for a in self._kubelet_argv()))
         return "\n".join(lines)
 
+    def _start_containerd(self) -> None:
+        api_port = int(self.server.rsplit(":", 1)[1].rstrip("/"))
+        sysctls = [(self.layout.proc_sys / e.replace("/", "."), e) for e in KUBELET_SYSCTLS]
+        self._containerd = ContainerdRuntime(self.name, self.layout.dir, api_port=api_port,
+                                             bins=RuntimeBinaries.default(), detach=self._detach,
+                                             sysctl_binds=sysctls, host_root=self.layout.host_root)
+        try:
+            self._containerd.start()
+        finally:
+            self._procs.update(self._containerd.procs)
+
     def _start_kubelet(self) -> None:
-        cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", self._namespace_script()]
+        if self._containerd is not None:
+            cmd = self._containerd.enter(self._kubelet_argv())
+        else:
+            cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", self._namespace_script()]
         # An empty working directory of its own: the kubelet's container GC removes relative paths (a log path a
         # runtime left empty resolves to the cwd), which must never reach the node's files.
         cwd = self.layout.dir / "kubelet-cwd"
@@ -565,11 +623,12 @@ class KubeletNode:
         for name, proc in self._procs.items():
             if proc.poll() is not None:
                 continue
-            with contextlib.suppress(psutil.NoSuchProcess):
-                created = psutil.Process(proc.pid).create_time()
-                log = self.kubelet_log if name == KUBELET else self.fakecri_log
-                procs.append(ProcessRecord(name, proc.pid, created, str(log), self.ports if name == KUBELET else ()))
-        NodeRecord(self.name, self.instance_type, tuple(procs), self.ports, self.lnc, self.efa).save(self.layout.dir)
+            log = self.layout.log_dir / f"{name}.log"
+            rec = ProcessRecord.of(name, proc.pid, str(log), self.ports if name == KUBELET else ())
+            if rec is not None:
+                procs.append(rec)
+        NodeRecord(self.name, self.instance_type, tuple(procs), self.ports, self.lnc, self.efa,
+                   self.runtime).save(self.layout.dir)
 
 
 def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
@@ -578,12 +637,36 @@ def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
     if record is None:
         return []
     stopped = []
+    live_of = {r.name: p for r in record.processes if (p := recorded_process(r)) is not None}
     for name in (KUBELET, FAKECRI):
-        live = [p for r in record.processes if r.name == name and (p := recorded_process(r)) is not None]
-        terminate_processes(live, timeout)
-        stopped += [f"{name}/{record.name}"] * len(live)
-    NodeRecord(record.name, record.instance_type, (), record.ports, record.lnc, record.efa).save(node_dir)
+        if name in live_of:
+            terminate_processes([live_of[name]], timeout)
+            stopped.append(f"{name}/{record.name}")
+    if record.runtime == CONTAINERD:
+        holder = live_of.get(ContainerdRuntime.HOLDER)
+        stop_namespace(node_dir, RuntimeBinaries.default(), holder=holder, timeout=timeout)
+        stopped += [f"{name}/{record.name}" for name in (ContainerdRuntime.CONTAINERD, ContainerdRuntime.HOLDER)
+                    if name in live_of]
+    NodeRecord(record.name, record.instance_type, (), record.ports, record.lnc, record.efa,
+               record.runtime).save(node_dir)
     return stopped
+
+
+def pod_log_lines(pod_logs: Path, namespace: str, pod: str, container: str) -> list[str]:
+    """The lines a container wrote, from ``<pod_logs>/<ns>_<pod>_<uid>/<container>/<restart>.log`` (CRI format:
+    ``<time> <stream> <P|F> <text>``; a ``P`` line continues on the next). Every pod of that name, oldest first."""
+    out: list[str] = []
+    dirs = sorted(pod_logs.glob(f"{namespace}_{pod}_*/{container}"), key=lambda d: d.stat().st_mtime) \
+        if pod_logs.is_dir() else []
+    for d in dirs:
+        files = sorted(d.glob("*.log"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1)
+        for f in files:
+            with contextlib.suppress(OSError):
+                for line in f.read_text(errors="replace").splitlines():
+                    parts = line.split(" ", 3)
+                    if len(parts) == 4:
+                        out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
+    return out
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.25) -> Any:

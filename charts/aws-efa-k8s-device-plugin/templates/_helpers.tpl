@@ -86,3 +86,26 @@ nodeAffinity:
   value: {{ . | quote }}
 {{- end }}
 {{- end }}
+
+{{/* Fake-sysfs mode (fakeHost.path): the daemon reads that directory, a hostPath mounted read-only at the same
+     path, as its host root (--host-root) instead of /. For nodes without accelerators: tests, demos, CI. */}}
+{{- define "efa.fakeHostArgs" -}}
+{{- with .Values.fakeHost.path }}, "--host-root", {{ . | quote }}{{ end }}
+{{- end }}
+
+{{- define "efa.fakeHostMount" -}}
+{{- with .Values.fakeHost.path }}
+- name: fake-host
+  mountPath: {{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "efa.fakeHostVolume" -}}
+{{- with .Values.fakeHost.path }}
+- name: fake-host
+  hostPath:
+    path: {{ . }}
+    type: Directory
+{{- end }}
+{{- end }}

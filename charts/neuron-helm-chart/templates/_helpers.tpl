@@ -186,3 +186,26 @@ spec:
 {{ toJson (list
   "neuron.amazonaws.com/device-usage") }}
 {{- end }}
+
+{{/* Fake-sysfs mode (fakeHost.path): the daemon reads that directory, a hostPath mounted read-only at the same
+     path, as its host root (--host-root) instead of /. For nodes without accelerators: tests, demos, CI. */}}
+{{- define "neuron.fakeHostArgs" -}}
+{{- with .Values.fakeHost.path }}, "--host-root", {{ . | quote }}{{ end }}
+{{- end }}
+
+{{- define "neuron.fakeHostMount" -}}
+{{- with .Values.fakeHost.path }}
+- name: fake-host
+  mountPath: {{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "neuron.fakeHostVolume" -}}
+{{- with .Values.fakeHost.path }}
+- name: fake-host
+  hostPath:
+    path: {{ . }}
+    type: Directory
+{{- end }}
+{{- end }}
