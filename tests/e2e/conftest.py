@@ -40,8 +40,9 @@ from lightkube.core.resource import GlobalResource, NamespacedResource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
+from accel_core.devtools.containerdnode import RuntimeBinaries
 from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import KubeletNode
+from accel_core.devtools.kubeletnode import CONTAINERD, KubeletNode
 from accel_core.devtools.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
 from accel_core.fakehost import FakeHost, build_host
 
@@ -57,9 +58,30 @@ def _uses_control_plane(item: pytest.Item) -> bool:
     return "control_plane" in names or "kube_binaries" in names
 
 
+def _runtime_gate(items: list[pytest.Item]) -> None:
+    """Tests marked ``containerd`` need the real runtime and the images (``make image``). Without them they are
+    skipped with a message naming what is missing, except in CI (``CI`` set), where that is an error."""
+    wanted = [i for i in items if i.get_closest_marker("containerd")]
+    missing = RuntimeBinaries.default().missing() if wanted else []
+    if not RuntimeBinaries.default().app_image_built() and wanted:
+        missing.append("the project image (make image)")
+    if not missing:
+        return
+    if os.environ.get("CI"):
+        raise pytest.UsageError("the containerd tests need: " + "; ".join(missing))
+    skip = pytest.mark.skip(reason="needs the containerd runtime: missing " + "; ".join(missing))
+    for item in wanted:
+        item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "containerd: runs real containers (containerd + runc, make image)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Build the binaries before the first test that needs them, if they are not cached yet (never for
     ``--collect-only``, which runs nothing)."""
+    _runtime_gate(items)
     if config.option.collectonly or not any(_uses_control_plane(i) for i in items):
         return
     bin_dir = kube_bin_dir()
@@ -238,12 +260,17 @@ def kubelet_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[C
     drivers over their sockets, and asks the fake CRI runtime for the containers.
     """
     base = Path(tempfile.mkdtemp(prefix="kn-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    disk_base = Path(tempfile.mkdtemp(prefix="kn-"))
     made: list[KubeletNode] = []
 
-    def make(instance_type: str, *, lnc: int | None = None, efa: bool = True, name: str | None = None) -> RealNode:
+    def make(instance_type: str, *, lnc: int | None = None, efa: bool = True, name: str | None = None,
+             runtime: str = "fakecri") -> RealNode:
         node_name = name or unique_name("kn")
-        node = KubeletNode(node_name, base / node_name, server=control_plane.server, pki=control_plane.pki,
-                           bin_dir=control_plane.bin_dir, instance_type=instance_type, lnc=lnc, efa=efa)
+        # containerd keeps image layers and an overlay on /dev under the node directory: on disk, not /dev/shm
+        node_dir = (disk_base if runtime == CONTAINERD else base) / node_name
+        node = KubeletNode(node_name, node_dir, server=control_plane.server, pki=control_plane.pki,
+                           bin_dir=control_plane.bin_dir, instance_type=instance_type, lnc=lnc, efa=efa,
+                           runtime=runtime)
         host = build_host(node.layout.host_root, instance_type, efa=efa, lnc=lnc)
         made.append(node)
         _NODES.append(node)
@@ -265,6 +292,7 @@ def kubelet_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[C
         with contextlib.suppress(ApiError):
             kube_client.delete(Node, node.name)
     shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(disk_base, ignore_errors=True)
 
 
 @dataclass
