@@ -140,7 +140,8 @@ def containerd_config(node_dir: Path, bins: RuntimeBinaries) -> str:
     """containerd's config (version 3): its own root/state/socket (under the namespace's /var/lib and /run), the
     overlayfs snapshotter, the local pause image, CDI specs from ``/var/run/cdi`` (CDI is always on in 2.x),
     ``restrict_oom_score_adj`` (this VM's root lacks CAP_SYS_RESOURCE, so a negative OOM score fails every
-    sandbox), runc from the Debian package with cgroupfs, and the rig's CNI plugin."""
+    sandbox), runc from the Debian package with cgroupfs, and the rig's CNI plugin (containerd brings up the pods'
+    loopback itself, so no upstream CNI plugin binary is needed)."""
     q = _toml_str
     return f"""version = 3
 root = "/var/lib/containerd"
@@ -169,6 +170,7 @@ state = "/run/containerd"
     bin_dirs = [{q(str(node_dir / "cni" / "bin"))}]
     conf_dir = {q(str(node_dir / "cni" / "net.d"))}
     max_conf_num = 1
+    use_internal_loopback = true
 """
 
 
@@ -375,8 +377,10 @@ def stop_namespace(node_dir: Path, bins: RuntimeBinaries, *, holder: subprocess.
     ns = _mount_ns(holder_pid) if holder_pid is not None else None
     if ns is not None:
         inside = [p for p in psutil.process_iter() if p.pid != holder_pid and _mount_ns(p.pid) == ns]
+        for p in inside:
+            with contextlib.suppress(psutil.Error):
+                stopped.append(f"{p.name()}/{p.pid}")
         terminate_processes(inside, timeout)
-        stopped += [f"{p.name()}/{p.pid}" for p in inside if not p.is_running()]
     # the forwarder exits by itself once the holder is gone; the holder last
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []

@@ -284,6 +284,79 @@ async def cluster_section(work: Path) -> None:
                 kn.stop()
 
 
+async def containerd_section(work: Path) -> None:
+    """The path users take, with real containers: containerd + runc under the real kubelet, the project image built
+    by `make image`, the EFA chart installed by helm, and a workload container's own `ls -l /dev/infiniband`."""
+    from lightkube import Client, KubeConfig, codecs
+    from lightkube.resources.apps_v1 import DaemonSet
+    from lightkube.resources.core_v1 import Node, Pod
+
+    from accel_core.devtools.containerdnode import BUSYBOX_IMAGE, RuntimeBinaries
+    from accel_core.devtools.controlplane import ControlPlane
+    from accel_core.devtools.kubeletnode import CONTAINERD, KubeletNode
+    from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
+
+    _title("Real containers: helm install of the EFA chart on a containerd node, and a workload's own /dev")
+    bins = RuntimeBinaries.default()
+    missing = bins.missing() + ([] if bins.app_image_built() else ["the project image"])
+    if missing_binaries(kube_bin_dir()) or missing or os.geteuid() != 0:
+        print("  skipped: needs root, `make kube` and `make image` (containerd, runc and the image, built once); "
+              f"missing: {'; '.join(missing) or 'the Kubernetes binaries'}")
+        return
+    with ControlPlane(work / "cluster-containerd") as cp:
+        client = Client(KubeConfig.from_file(cp.admin_kubeconfig))
+        t0 = time.perf_counter()
+        kn = KubeletNode("p5-containerd", work / "nodes" / "p5-containerd", server=cp.server, pki=cp.pki,
+                         bin_dir=cp.bin_dir, instance_type="p5.48xlarge", runtime=CONTAINERD)
+        build_host(kn.layout.host_root, "p5.48xlarge")
+        try:
+            kn.start()
+            kn.wait_ready(timeout=180)
+            print(f"  node p5-containerd (containerd + runc) Ready in {time.perf_counter() - t0:.1f}s; images: "
+                  + ", ".join(i for i in kn.containerd.images() if not i.startswith("sha256")))
+            chart = Path(__file__).resolve().parents[2] / "charts" / "aws-efa-k8s-device-plugin"
+            argv = ["upgrade", "--install", "aws-efa-k8s-device-plugin", str(chart), "--namespace", "kube-system",
+                    "--set", "image.pullPolicy=Never", "--set", f"fakeHost.path={kn.layout.host_root}"]
+            print("  $ helm " + " ".join(argv[:6]) + " --set image.pullPolicy=Never --set fakeHost.path=...")
+            t0 = time.perf_counter()
+            subprocess.run([str(cp.helm), *argv, "--kubeconfig", str(cp.admin_kubeconfig)], check=True,
+                           capture_output=True, timeout=180)
+
+            def ds_ready() -> dict[str, Any] | None:
+                st = client.get(DaemonSet, "aws-efa-k8s-device-plugin-daemonset", namespace="kube-system").status
+                return st.to_dict() if st and st.numberReady == 1 and st.numberAvailable == 1 else None
+
+            st = await _poll(ds_ready, "the EFA DaemonSet Ready", timeout=180)
+            print(f"  $ kubectl get ds -n kube-system   (Ready {time.perf_counter() - t0:.1f}s after helm install)")
+            print("  NAME                                  DESIRED CURRENT READY UP-TO-DATE AVAILABLE")
+            print(f"  aws-efa-k8s-device-plugin-daemonset   {st['desiredNumberScheduled']:<7} "
+                  f"{st['currentNumberScheduled']:<7} {st['numberReady']:<5} {st.get('updatedNumberScheduled', 0):<10}"
+                  f" {st['numberAvailable']}")
+
+            def efa() -> str | None:
+                status = client.get(Node, "p5-containerd").status
+                value = (status.allocatable or {}).get("vpc.amazonaws.com/efa") if status else None
+                return value if value and value != "0" else None
+
+            print(f"  Node allocatable vpc.amazonaws.com/efa: {await _poll(efa, 'EFA allocatable')}")
+            await _poll(lambda: _default_sa(client), "the default ServiceAccount")
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "efa-workload", "namespace": "default"},
+                   "spec": {"nodeName": "p5-containerd", "terminationGracePeriodSeconds": 1, "containers": [
+                       {"name": "app", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "ls -l /dev/infiniband; sleep 3600"],
+                        "resources": {"limits": {"vpc.amazonaws.com/efa": "4"}}}]}}
+            t0 = time.perf_counter()
+            client.create(codecs.from_dict(pod))
+            out = await _poll(lambda: kn.pod_log("default", "efa-workload", "app"), "the workload's output", 180)
+            print(f"  pod efa-workload (vpc.amazonaws.com/efa: 4) ran in {time.perf_counter() - t0:.1f}s; its container"
+                  " printed `ls -l /dev/infiniband`:")
+            for line in out.splitlines():
+                print(f"    {line}")
+            client.delete(Pod, "efa-workload", namespace="default", grace_period=0)
+        finally:
+            kn.stop()
+
+
 def _running(pod: Any) -> bool:
     return bool(pod.status and pod.status.phase == "Running")
 
@@ -314,6 +387,7 @@ async def main_async(work: Path, with_cluster: bool) -> None:
     dra_section(work)
     if with_cluster:
         await cluster_section(work)
+        await containerd_section(work)
     _title("done")
 
 

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import psutil
-from lightkube import Client, KubeConfig
-from lightkube.resources.core_v1 import Node
+import pytest
+from lightkube import Client, KubeConfig, codecs
+from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
+from accel_core.devtools.containerdnode import BUSYBOX_IMAGE
 from accel_core.devtools.kubeletnode import KUBELET_SYSCTLS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,4 +93,47 @@ def test_up_with_nodes_node_env_and_down_leave_the_machine_as_it_was(kube_binari
     assert down.returncode == 0, down.stderr
     assert "kubelet/a" in down.stdout and "kubelet/b" in down.stdout
     assert machine_state(state) == before
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.containerd
+def test_containerd_node_runs_a_container_whose_log_accel_cluster_prints(kube_binaries: Path) -> None:
+    """`up --runtime containerd`: a real container runs on the node; `accel-cluster logs` prints what it wrote;
+    `down` stops containerd, the shims and the containers, and leaves no process, mount or container cgroup."""
+    base = Path(tempfile.mkdtemp(prefix="acl-ctr-"))  # on disk: containerd's image layers live in the node dir
+    state = base / "cl"
+    before = machine_state(state)
+    cgroups_before = set(Path("/sys/fs/cgroup/pids").glob("**/k8s.io/*"))
+    try:
+        up = cluster("up", "--state-dir", str(state), "--node", "c=p5.48xlarge", "--runtime", "containerd")
+        assert up.returncode == 0, up.stderr
+        assert "containerd" in up.stderr
+        status = cluster("status", "--state-dir", str(state))
+        assert status.returncode == 0 and "(containerd)" in status.stdout, status.stdout
+        client = Client(KubeConfig.from_file(up.stdout.strip().splitlines()[-1]))
+        deadline = time.monotonic() + 60
+        while not list(client.list(ServiceAccount, namespace="default")) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hello", "namespace": "default"},
+               "spec": {"nodeName": "c", "restartPolicy": "Never", "containers": [
+                   {"name": "app", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo hello from $(hostname); id -u"]}]}}
+        client.create(codecs.from_dict(pod))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            phase = client.get(Pod, "hello", namespace="default").status.phase  # type: ignore[union-attr]
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        assert phase == "Succeeded", phase
+        logs = cluster("logs", "--state-dir", str(state), "default/hello")
+        assert logs.returncode == 0, logs.stderr
+        assert logs.stdout == "hello from hello\n0\n"
+        assert cluster("logs", "--state-dir", str(state), "default/nope").returncode == 1
+    finally:
+        down = cluster("down", "--state-dir", str(state), "--purge")
+    assert down.returncode == 0, down.stderr
+    assert "containerd/c" in down.stdout, down.stdout
+    assert machine_state(state) == before
+    assert set(Path("/sys/fs/cgroup/pids").glob("**/k8s.io/*")) <= cgroups_before, "container cgroups left behind"
     shutil.rmtree(base, ignore_errors=True)
