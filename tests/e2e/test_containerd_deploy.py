@@ -55,6 +55,18 @@ UVERBS_MAJOR = 231
 P5_EFA, TRN2_DEVICES, TRN2_CORES_LNC2 = 32, 16, 64
 
 
+#: AWS Neuron-to-EFA table for trn2 (EFAMAP lookup/neuron): the PCI bus of the EFA (bus:00.0) next to each device.
+TRN2_EFA_BUS = dict(enumerate(["c9", "b4", "b3", "ca", "6c", "57", "56", "6d", "98", "83", "82", "99", "f5", "e0",
+                               "df", "f6"]))
+
+
+def _pci_bus(host_root: Path, uverbs: str) -> str:
+    """The PCI bus of an uverbs device, from where its sysfs class entry points (``.../0000:BB:00.0/...``)."""
+    target = (host_root / "sys" / "class" / "infiniband_verbs" / uverbs).resolve()
+    bdf = target.parent.parent.name
+    return bdf.split(":")[1]
+
+
 @pytest.fixture
 def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
     return Helm(control_plane, tmp_path)
@@ -121,10 +133,14 @@ def test_efa_chart_under_containerd(kube_client: Client, helm: Helm, p5: RealNod
         log = p5.kubelet.pod_log("kube-system", pod["metadata"]["name"], "aws-efa-k8s-device-plugin")
         assert log.count("registered") >= 2 or log.lower().count("register") >= 2, log[-2000:]
 
-        # A reboot: kubelet and containerd restarted, every container gone; the DaemonSet pod comes back.
+        # A reboot: kubelet and containerd restarted, every container gone; the DaemonSet pod runs a new container.
+        before = _daemon_pod(kube_client, "kube-system", {"name": "aws-efa-k8s-device-plugin"})
+        assert before is not None
+        old_id = before["status"]["containerStatuses"][0]["containerID"]
         p5.kubelet.reboot()
-        wait(lambda: _daemon_pod(kube_client, "kube-system", {"name": "aws-efa-k8s-device-plugin"}),
-             "the EFA plugin Running after the reboot", timeout=180)
+        wait(lambda: (p := _daemon_pod(kube_client, "kube-system", {"name": "aws-efa-k8s-device-plugin"}))
+             and p["status"]["containerStatuses"][0]["containerID"] != old_id,
+             "the EFA plugin Running in a new container after the reboot", timeout=180)
         wait(lambda: allocatable(kube_client, node, "vpc.amazonaws.com/efa") == P5_EFA,
              "EFA allocatable after the reboot", timeout=120)
     finally:
@@ -241,8 +257,11 @@ def test_efa_dra_claim_aligned_with_neuron_devices(trn2_dra: RealNode, kube_clie
             view = container_view(trn2_dra.kubelet, namespace, pod, wait, timeout=180)
         neurons, uverbs = view.names("neuron"), view.names("uverbs")
         assert len(neurons) == 4 and len(uverbs) == 4, view.text
-        # trn2: one EFA per Neuron device, wired to it (the AWS Neuron-to-EFA table): the same four indices.
-        assert [n.removeprefix("neuron") for n in neurons] == [u.removeprefix("uverbs") for u in uverbs], view.text
+        # The AWS Neuron-to-EFA table: the EFAs the container got are exactly those wired to its Neuron devices
+        # (each uverbs node's PCI bus read from the node's sysfs, as on a real host).
+        wired = {TRN2_EFA_BUS[int(n.removeprefix("neuron"))] for n in neurons}
+        got = {_pci_bus(trn2_dra.kubelet.layout.host_root, u) for u in uverbs}
+        assert got == wired, (neurons, uverbs, got, wired)
     finally:
         with contextlib.suppress(AssertionError):
             helm("uninstall", "aws-efa-k8s-device-plugin", "--namespace", "kube-system", "--wait", "--timeout",
