@@ -91,6 +91,22 @@ def _kill_container(node: RealNode, pod: dict[str, object]) -> None:
     assert out.returncode == 0, out.stderr
 
 
+def _confinement(node: RealNode, pod: dict[str, object]) -> dict[str, str]:
+    """The effective capabilities, no_new_privs, root mount mode and uid of the pod's container process, read from
+    /proc of the machine (its PID from containerd)."""
+    status = pod["status"]
+    assert isinstance(status, dict)
+    cid = status["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    listing = node.kubelet.containerd.ctr("tasks", "list").stdout.splitlines()
+    (pid,) = [line.split()[1] for line in listing if line.startswith(cid)]
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":\t" in line)
+    root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                if line.split()[4] == "/")
+    return {"CapEff": fields["CapEff"].strip(), "NoNewPrivs": fields["NoNewPrivs"].strip(),
+            "root": root[5].split(",")[0], "uid": fields["Uid"].split()[1]}
+
+
 @pytest.fixture
 def p5(kubelet_node: NodeFactory) -> RealNode:
     return kubelet_node("p5.48xlarge", runtime=CONTAINERD)
@@ -113,6 +129,9 @@ def test_efa_chart_under_containerd(kube_client: Client, helm: Helm, p5: RealNod
         pod = wait(lambda: _daemon_pod(kube_client, "kube-system", {"name": "aws-efa-k8s-device-plugin"}),
                    "kubectl get pods -l name=aws-efa-k8s-device-plugin: 1/1 Running")
         assert pod["spec"]["containers"][0]["image"] == chart_image()
+        # The chart's securityContext, as the kernel applies it to the daemon's process.
+        confined = _confinement(p5, pod)
+        assert confined == {"CapEff": "0000000000000000", "NoNewPrivs": "1", "root": "ro", "uid": "0"}, confined
         wait(lambda: allocatable(kube_client, node, "vpc.amazonaws.com/efa") == P5_EFA,
              f"vpc.amazonaws.com/efa: {P5_EFA} allocatable on {node}")
 
