@@ -126,7 +126,7 @@ def main() -> int:
                  "neuron allocatable")
             run_pod(trn2, dp_pod("neuron-4", "rc-trn2", "aws.amazon.com/neuron", 4), "device plugin, neuron: 4")
             print(f"RSS in its container: neuron-device-plugin           "
-                  f"{rss(trn2, 'kube-system', {'app.kubernetes.io/component': 'device-plugin'}):6.1f} MiB")
+                  f"{rss(trn2, 'kube-system', {'name': 'neuron-device-plugin-ds'}):6.1f} MiB")
             helm("uninstall", "neuron-dp", "--wait")
 
             t0 = time.perf_counter()
