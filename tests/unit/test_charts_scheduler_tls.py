@@ -129,7 +129,7 @@ def test_tls_off_is_plain_http(helm: Path) -> None:
 
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     assert set(selector) <= {"matchLabels"}, selector
-    return selector.get("matchLabels", {}).items() <= labels.items()
+    return bool(selector.get("matchLabels", {}).items() <= labels.items())
 
 
 def test_only_my_scheduler_pods_may_reach_the_extender_port(rendered: Rendered) -> None:
