@@ -87,7 +87,7 @@ class Decider:
 
     def reserve(self, pod: PodInfo, nodes: Iterable[str]) -> int:
         """Count ``pod`` on ``nodes`` until it is bound or expires; returns how many reservations the caps evicted."""
-        if pod.uid and pod.uid not in self._where:
+        if pod.uid and pod.requests and pod.uid not in self._where:  # a pod without Neuron requests takes nothing
             return self.reservations.add(pod, nodes)
         return 0
 

@@ -142,6 +142,12 @@ def test_a_node_named_without_its_annotation_is_never_reserved() -> None:
     assert filter_passes(svc, body(pod("q", "u-q", 4), {"trn2-a": FREE})) == ["trn2-a"]
 
 
+def test_a_pod_without_neuron_requests_is_not_reserved() -> None:
+    svc, _ = service(FakeApi(pod("p", "u-p", 0)))
+    filter_passes(svc, body(pod("p", "u-p", 0), {"trn2-a": FREE}))
+    assert len(svc.decider.reservations) == 0
+
+
 def test_without_an_api_server_nothing_is_reserved() -> None:
     svc, registry = service(None)
     filter_passes(svc, body(pod("p", "u-p", 4), {"trn2-a": FREE}))
