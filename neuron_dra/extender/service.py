@@ -89,6 +89,7 @@ class ExtenderService:
     async def _verb(self, verb: str, body: bytes, query: dict[str, list[str]]) -> Response:
         start = time.perf_counter()
         reservations = self.decider.live_reservations()
+        self.metrics.reserved.set(len(reservations))
         try:
             result = await asyncio.to_thread(self._decide, verb, body, reservations, query)
         except BadInput as exc:
