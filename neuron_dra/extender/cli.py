@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,9 @@ from accel_core.metrics_http import serve_metrics
 from neuron_dra.deviceusage import USAGE_ANNOTATION
 from neuron_dra.extender.decide import Decider, explain
 from neuron_dra.extender.podspec import BadInput, pod_info
+from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PODS
 from neuron_dra.extender.service import ExtenderService, serve
+from neuron_dra.extender.tls import TlsConfigError, server_context
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,22 @@ def build_parser() -> EnvArgumentParser:
     srv.add_env_argument("--reserve-for", env="RESERVE_FOR", type=seconds, default=15.0,
                          help="seconds a pod passed to nodes counts against them until it is bound "
                               "(env RESERVE_FOR; default 15)")
+    srv.add_env_argument("--max-reservations", env="MAX_RESERVATIONS", type=_count, default=MAX_PODS,
+                         help=f"most pods reserved at once; past it the oldest reservation goes, with a warning "
+                              f"(env MAX_RESERVATIONS; default {MAX_PODS})")
+    srv.add_env_argument("--max-reserved-nodes", env="MAX_RESERVED_NODES", type=_count, default=MAX_NODE_ENTRIES,
+                         help=f"most (pod, node) pairs held by reservations, which bounds their memory "
+                              f"(env MAX_RESERVED_NODES; default {MAX_NODE_ENTRIES})")
+    srv.add_env_argument("--scheduler-name", env="SCHEDULER_NAME", default="my-scheduler",
+                         help="the scheduler calling this extender: only unbound pods naming it in spec.schedulerName "
+                              "get reservations (env SCHEDULER_NAME; default my-scheduler)")
+    srv.add_env_argument("--tls-cert-file", env="TLS_CERT_FILE", type=Path, default=None,
+                         help="server certificate (PEM); with --tls-key-file and --tls-client-ca-file the extender "
+                              "serves only mutual TLS (env TLS_CERT_FILE; default: plain HTTP)")
+    srv.add_env_argument("--tls-key-file", env="TLS_KEY_FILE", type=Path, default=None,
+                         help="the server certificate's private key (PEM; env TLS_KEY_FILE)")
+    srv.add_env_argument("--tls-client-ca-file", env="TLS_CLIENT_CA_FILE", type=Path, default=None,
+                         help="CA certificates (PEM) a client certificate must be signed by (env TLS_CLIENT_CA_FILE)")
     srv.add_argument("--kubeconfig", default=None, help="kubeconfig (default: KUBECONFIG, then in-cluster)")
     add_logging_flags(srv)
     exp = sub.add_parser("explain", help="say whether a pod fits a node and why (reads the Node and its pods)")
@@ -57,6 +76,29 @@ def build_parser() -> EnvArgumentParser:
     return parser
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text[:30]!r}") from None
+    if not 1 <= value <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 10000000, got {value}")
+    return value
+
+
+def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The server context from the three TLS flags (all or none; TlsConfigError names what is wrong)."""
+    files = {"--tls-cert-file": args.tls_cert_file, "--tls-key-file": args.tls_key_file,
+             "--tls-client-ca-file": args.tls_client_ca_file}
+    given = [flag for flag, value in files.items() if value is not None]
+    if not given:
+        return None
+    if len(given) != len(files):
+        missing = ", ".join(flag for flag in files if flag not in given)
+        raise TlsConfigError(f"{', '.join(given)} needs {missing} too (the extender serves mutual TLS or plain HTTP)")
+    return server_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+
+
 def _client(kubeconfig: str | None) -> AsyncClient:
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     return AsyncClient(config, field_manager=PROG)
@@ -64,6 +106,11 @@ def _client(kubeconfig: str | None) -> AsyncClient:
 
 def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
+    try:
+        ssl_context = _tls(args)
+    except TlsConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     registry = CollectorRegistry()
     metrics = serve_metrics(registry, args.metrics_port, args.metrics_address)
 
@@ -72,12 +119,14 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             client = _client(args.kubeconfig)
         except (ConfigError, OSError, ValueError) as exc:
-            log.error("no usable API server configuration; bound pods are not counted",
-                                              extra=kv(error=exc))
+            log.error("no usable API server configuration; bound pods are not counted and nothing is reserved",
+                      extra=kv(error=exc))
             client = None
-        service = ExtenderService(Decider(reserve_for=args.reserve_for), registry, client)
+        decider = Decider(reserve_for=args.reserve_for, max_reservations=args.max_reservations,
+                          max_reserved_nodes=args.max_reserved_nodes)
+        service = ExtenderService(decider, registry, client, scheduler_name=args.scheduler_name)
         try:
-            await serve(service, args.address, args.port, stop)
+            await serve(service, args.address, args.port, stop, ssl_context)
         finally:
             if client is not None:
                 await client.close()

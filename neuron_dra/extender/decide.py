@@ -5,7 +5,8 @@ adds only what the node cannot have reported yet, and keeps nothing that could g
 
 - pods bound to the node (seen in the pod watch) that the annotation does not list yet, and
 - pods this extender passed to the node in the last ``reserve_for`` seconds that are not bound anywhere yet (the
-  scheduler may be binding one while it asks about the next), on every node it passed them to.
+  scheduler may be binding one while it asks about the next), on every node it passed them to with a usable
+  annotation (reservations.py; the service reserves only for pods the API server shows pending for this scheduler).
 
 Both are placed with the device plugin's own policy, in creation order, before the pod in question. A node without
 an annotation (device plugin not publishing yet) passes with the lowest score: a restart or a reinstall of either
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,21 +27,13 @@ from accel_core.logs import kv
 from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
 from neuron_dra.extender.placement import MAX_SCORE, NodeState, Placement, place, score
 from neuron_dra.extender.podspec import BadInput, PodInfo, node_name_and_annotation, pod_info
+from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PODS, Reservation, ReservationBook
 
 log = logging.getLogger(__name__)
 
 TERMINAL = ("Succeeded", "Failed")
 PARSE_CACHE = 4096
 PLACEMENT_CACHE = 16384
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """A pod the extender passed to ``nodes`` that is not bound yet."""
-
-    pod: PodInfo
-    nodes: frozenset[str]
-    until: float
 
 
 @dataclass(frozen=True)
@@ -59,14 +52,15 @@ class Verdict:
 class Decider:
     """Filter/prioritize over a pod index (bound pods) and recent reservations; see the module docstring."""
 
-    def __init__(self, *, reserve_for: float = 15.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, reserve_for: float = 15.0, max_reservations: int = MAX_PODS,
+                 max_reserved_nodes: int = MAX_NODE_ENTRIES, clock: Callable[[], float] = time.monotonic) -> None:
         self.reserve_for = reserve_for
-        self._clock = clock
         #: node -> uid -> bound pod with Neuron requests. Inner dicts are replaced, never changed in place, so a
         #: worker thread may read them while the event loop updates the index.
         self.bound: dict[str, dict[str, PodInfo]] = {}
         self._where: dict[str, str] = {}
-        self.reservations: dict[str, Reservation] = {}
+        self.reservations = ReservationBook(reserve_for, max_pods=max_reservations,
+                                            max_node_entries=max_reserved_nodes, clock=clock)
         self._parsed: OrderedDict[str, DeviceUsage | str] = OrderedDict()
         self._placed: OrderedDict[tuple[object, ...], tuple[Placement, int]] = OrderedDict()
 
@@ -77,7 +71,7 @@ class Decider:
             self.bound[pod.node] = {**self.bound.get(pod.node, {}), pod.uid: pod}
             self._where[pod.uid] = pod.node
         if pod.node:
-            self.reservations.pop(pod.uid, None)
+            self.reservations.drop(pod.uid)
 
     def pod_gone(self, uid: str) -> None:
         node = self._where.pop(uid, None)
@@ -91,15 +85,14 @@ class Decider:
     def reset_index(self) -> None:
         self.bound, self._where = {}, {}
 
-    def reserve(self, pod: PodInfo, nodes: Sequence[str]) -> None:
-        if pod.uid and pod.uid not in self._where:
-            self.reservations[pod.uid] = Reservation(pod, frozenset(nodes), self._clock() + self.reserve_for)
+    def reserve(self, pod: PodInfo, nodes: Iterable[str]) -> int:
+        """Count ``pod`` on ``nodes`` until it is bound or expires; returns how many reservations the caps evicted."""
+        if pod.uid and pod.requests and pod.uid not in self._where:  # a pod without Neuron requests takes nothing
+            return self.reservations.add(pod, nodes)
+        return 0
 
     def live_reservations(self) -> list[Reservation]:
-        now = self._clock()
-        for uid in [u for u, r in self.reservations.items() if r.until < now]:
-            del self.reservations[uid]
-        return list(self.reservations.values())
+        return self.reservations.live()
 
     # -- annotations -----------------------------------------------------------------------------------------------
     def usage(self, node: str, value: str | None) -> DeviceUsage | str:
@@ -118,15 +111,15 @@ class Decider:
         return hit
 
     # -- decisions --------------------------------------------------------------------------------------------------
-    def verdict(self, pod: PodInfo, node: str, annotation: str | None,
-                reservations: Sequence[Reservation] = ()) -> Verdict:
+    def verdict(self, pod: PodInfo, node: str, annotation: str | None, reserved: Sequence[PodInfo] = ()) -> Verdict:
+        """``pod`` on ``node``, counting bound pods the annotation lacks and ``reserved`` (pods reserved there)."""
         usage = self.usage(node, annotation)
         if isinstance(usage, str):
             return Verdict(node, True, 0, "", usage)
         state = NodeState.from_usage(usage)
         here = self.bound.get(node, {})
         extras = [p for p in here.values() if p.uid != pod.uid and p.key not in usage.pods]
-        extras += [r.pod for r in reservations if node in r.nodes and r.pod.uid != pod.uid]
+        extras += [p for p in reserved if p.uid != pod.uid]
         added = []
         for other in sorted(extras, key=lambda p: (p.created, p.key)):
             res = place(state, other.requests)
@@ -163,11 +156,10 @@ class Decider:
             raise BadInput("ExtenderArgs has no 'nodes': configure the extender with nodeCacheCapable: false")
         if not isinstance(nodes, dict) or not isinstance(nodes.get("items") or [], list):
             raise BadInput("'nodes' must be a NodeList object with an 'items' list")
-        out = []
-        for i, raw in enumerate(nodes.get("items") or []):
-            name, value = node_name_and_annotation(raw, i, USAGE_ANNOTATION)
-            out.append((raw, self.verdict(pod, name, value, reservations)))
-        return pod, out
+        listed = [(raw, *node_name_and_annotation(raw, i, USAGE_ANNOTATION))
+                  for i, raw in enumerate(nodes.get("items") or [])]
+        reserved = reserved_by_node(reservations, {name for _, name, _ in listed}, pod.uid)
+        return pod, [(raw, self.verdict(pod, name, value, reserved.get(name, ()))) for raw, name, value in listed]
 
     def filter(self, args: Any, reservations: Sequence[Reservation]) -> tuple[PodInfo, dict[str, Any],
                                                                               list[Verdict]]:
@@ -186,6 +178,16 @@ class Decider:
         """HostPriorityList: 0..10 per node, higher = the placement keeps more connected capacity."""
         _, judged = self.decide(args, reservations)
         return [{"host": v.node, "score": v.score if v.fits else 0} for _, v in judged], [v for _, v in judged]
+
+
+def reserved_by_node(reservations: Sequence[Reservation], nodes: set[str], uid: str) -> dict[str, list[PodInfo]]:
+    """Pods reserved on each of ``nodes`` other than ``uid`` (work: the reservations' entries on these nodes)."""
+    out: dict[str, list[PodInfo]] = {}
+    for r in reservations:
+        if r.pod.uid != uid:
+            for name in r.nodes.intersection(nodes):
+                out.setdefault(name, []).append(r.pod)
+    return out
 
 
 def explain(pod: PodInfo, node: str, verdict: Verdict) -> str:

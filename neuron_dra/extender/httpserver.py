@@ -3,12 +3,14 @@
 aiohttp parses HTTP/1.1 (keep-alive, chunked bodies, bounded request lines and headers, a 400 for anything
 malformed); this module adds what the extender promises on top: a body over ``max_body`` gets 413 before any of it
 is read, a POST without a length 411, a handler that raises a logged 500, and none of them ends the server.
-Handlers get ``(method, path, query, body)`` and return ``(status, body, content type)``.
+Handlers get ``(method, path, query, body)`` and return ``(status, body, content type)``. With an ``ssl_context``
+the server speaks only TLS (the context decides whether a client certificate is required, see tls.py).
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -41,8 +43,9 @@ class _OneLineErrors(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 class HttpServer:
     def __init__(self, handler: Handler, address: str, port: int, *, max_body: int = 64 << 20,
-                 request_timeout: float = 30.0) -> None:
+                 request_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.ssl_context = ssl_context
         self.address = address
         self.port = port
         self.max_body = max_body
@@ -58,7 +61,7 @@ class HttpServer:
                                      keepalive_timeout=self.request_timeout, lingering_time=0.5,
                                      logger=_OneLineErrors(log, {}))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.address, self.port)
+        site = web.TCPSite(self._runner, self.address, self.port, ssl_context=self.ssl_context)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         return self.port

@@ -29,6 +29,7 @@ from lightkube.core.resource import GlobalResource, NamespacedResource
 from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Secret, Service, ServiceAccount
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
@@ -57,6 +58,8 @@ KINDS: dict[str, type[GlobalResource] | type[NamespacedResource]] = {
     "DeviceClass": DeviceClass,
     "ValidatingAdmissionPolicy": ValidatingAdmissionPolicy,
     "ValidatingAdmissionPolicyBinding": ValidatingAdmissionPolicyBinding,
+    "Secret": Secret,
+    "NetworkPolicy": NetworkPolicy,
 }
 
 
@@ -347,16 +350,25 @@ def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fa
 
 def test_install_with_my_scheduler(kube_client: Client, helm: Helm, wait: Wait) -> None:
     """scheduler.enabled: the API server accepts every object (RBAC role references, the Deployments, the
-    scheduler configuration), and they are all there."""
+    scheduler configuration, the TLS Secrets, the NetworkPolicy), and they are all there; an upgrade keeps the
+    chart-made certificates (helm lookup), so both sides keep trusting each other."""
+    flags = ("--namespace", "default", "--set", "npd.enabled=false", "--set", "devicePlugin.enabled=false",
+             "--set", "scheduler.enabled=true")  # fmt: skip
+    secrets = ("neuron-scheduler-extender-tls", "my-scheduler-extender-client-tls")
     with uninstalled_after(helm, "neuron-sched", "default"):
-        helm("install", "neuron-sched", str(NEURON_CHART), "--namespace", "default", "--set", "npd.enabled=false",
-             "--set", "devicePlugin.enabled=false", "--set", "scheduler.enabled=true")  # fmt: skip
+        helm("install", "neuron-sched", str(NEURON_CHART), *flags)
         docs = helm.manifest("neuron-sched", "default")
         names = {(d["kind"], d["metadata"]["name"]) for d in docs}
         assert {("Deployment", "my-scheduler"), ("Deployment", "neuron-scheduler-extender"),
                 ("Service", "neuron-scheduler-extender"), ("ConfigMap", "my-scheduler-config"),
-                ("ClusterRole", "neuron-scheduler-extender")} <= names
+                ("ClusterRole", "neuron-scheduler-extender"), ("NetworkPolicy", "neuron-scheduler-extender"),
+                *(("Secret", s) for s in secrets)} <= names
         assert_all_present(kube_client, docs)
+        before = {s: as_dict(kube_client.get(Secret, s, namespace="kube-system"))["data"] for s in secrets}
+        helm("upgrade", "neuron-sched", str(NEURON_CHART), *flags)
+        after = {s: as_dict(kube_client.get(Secret, s, namespace="kube-system"))["data"] for s in secrets}
+        assert after == before
+        assert before[secrets[0]]["ca.crt"] == before[secrets[1]]["ca.crt"]
 
 
 def test_efa_install_selects_pods_by_the_documented_label(

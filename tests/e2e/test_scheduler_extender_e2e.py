@@ -1,5 +1,6 @@
 """neuron-scheduler-extender behind a second REAL kube-scheduler (``my-scheduler``, the name the AWS documents use),
 on real kubelet nodes (trn2.48xlarge and trn1.32xlarge fake hosts) whose Neuron device plugins publish their usage.
+They talk as the chart configures them: mutual TLS with the certificates the chart makes (its rendered Secrets).
 
 Expected values come from AWS's descriptions, not from our code: both instances have 16 devices in a 4x4 torus,
 device i at row i/4; a connected set of 4 devices is one torus row (0-3, 4-7, 8-11, 12-15); neighbours are
@@ -8,19 +9,26 @@ up/down/left/right with wrap-around; trn2 has 4 logical cores per device at LNC 
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
+import json
 import os
+import posixpath
 import re
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from chart_render import NEURON_CHART, find_or_build_helm, template
+from chart_render import NEURON_CHART, Rendered, find_or_build_helm, template
 from conftest import Daemon, RealNode, console_script
 from kube_helpers import NEURON, NEURONCORE, allocatable, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client
@@ -58,26 +66,76 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scheduler_config(kubeconfig: Path, extender_port: int) -> dict[str, Any]:
-    """The chart's KubeSchedulerConfiguration (scheduler.enabled=true), pointed at this cluster and this extender."""
-    rendered = template(find_or_build_helm(), NEURON_CHART, "--set", "scheduler.enabled=true")
+@dataclass(frozen=True)
+class ChartTls:
+    """The chart's scheduler TLS, written to local files: the extender's TLS environment (variable -> file) and
+    my-scheduler's extender tlsConfig (key -> file), plus the host the server certificate is for."""
+
+    extender_env: dict[str, str]
+    scheduler_files: dict[str, str]
+    server_name: str
+
+
+def _secret_files(rendered: Rendered, deployment: str, mount: str, into: Path) -> dict[str, Path]:
+    """Write the Secret a Deployment mounts at ``mount`` into ``into``; file name -> local path."""
+    pod = rendered.get("Deployment", deployment)["spec"]["template"]["spec"]
+    volume = next(m["name"] for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == mount)
+    secret_name = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == volume)
+    into.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, value in rendered.get("Secret", secret_name)["data"].items():
+        (into / name).write_bytes(base64.b64decode(value))
+        out[name] = into / name
+    return out
+
+
+def chart_tls(rendered: Rendered, into: Path) -> ChartTls:
+    config = yaml.safe_load(rendered.get("ConfigMap", "my-scheduler-config")["data"]["config.yaml"])
+    (ext,) = config["extenders"]
+    files = ext["tlsConfig"]
+    client = _secret_files(rendered, "my-scheduler", posixpath.dirname(files["certFile"]), into / "client")
+    extender = rendered.get("Deployment", "neuron-scheduler-extender")["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in extender["containers"][0]["env"]}
+    server = _secret_files(rendered, "neuron-scheduler-extender", posixpath.dirname(env["TLS_CERT_FILE"]),
+                           into / "server")
+    return ChartTls({k: str(server[posixpath.basename(v)]) for k, v in env.items() if k.startswith("TLS_")},
+                    {k: str(client[posixpath.basename(v)]) for k, v in files.items()},
+                    urlsplit(ext["urlPrefix"]).hostname or "")
+
+
+def scheduler_config(rendered: Rendered, kubeconfig: Path, extender_port: int, tls: ChartTls) -> dict[str, Any]:
+    """The chart's KubeSchedulerConfiguration (scheduler.enabled=true), pointed at this cluster and this extender:
+    the same https URL and TLS settings, with 127.0.0.1 for the Service's address (``serverName`` keeps the
+    certificate check on the Service's name) and the chart's certificate files written locally."""
     config: dict[str, Any] = yaml.safe_load(rendered.get("ConfigMap", "my-scheduler-config")["data"]["config.yaml"])
     (ext,) = config["extenders"]
-    assert ext["urlPrefix"].startswith("http://neuron-scheduler-extender.")
-    ext["urlPrefix"] = f"http://127.0.0.1:{extender_port}"
+    assert ext["urlPrefix"].startswith("https://neuron-scheduler-extender.") and ext["enableHTTPS"] is True
+    ext["urlPrefix"] = f"https://127.0.0.1:{extender_port}"
+    ext["tlsConfig"] = {**tls.scheduler_files, "serverName": tls.server_name}
     config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
     return config
 
 
+@pytest.fixture(scope="module")
+def rendered() -> Rendered:
+    return template(find_or_build_helm(), NEURON_CHART, "--set", "scheduler.enabled=true")
+
+
 @pytest.fixture
-def my_scheduler(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[[int], None]]:
+def tls(rendered: Rendered, tmp_path: Path) -> ChartTls:
+    return chart_tls(rendered, tmp_path / "chart-tls")
+
+
+@pytest.fixture
+def my_scheduler(control_plane: ControlPlane, tmp_path: Path, rendered: Rendered,
+                 tls: ChartTls) -> Iterator[Callable[[int], None]]:
     """Factory: start the real kube-scheduler as ``my-scheduler`` calling the extender on ``port``."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(extender_port: int) -> None:
         config = tmp_path / "my-scheduler.yaml"
-        config.write_text(yaml.safe_dump(scheduler_config(control_plane.state_dir / "scheduler.kubeconfig",
-                                                          extender_port)))
+        config.write_text(yaml.safe_dump(scheduler_config(rendered, control_plane.state_dir / "scheduler.kubeconfig",
+                                                          extender_port, tls)))
         log = (tmp_path / "my-scheduler.log").open("ab")
         kubeconfig = control_plane.state_dir / "scheduler.kubeconfig"
         procs.append(subprocess.Popen(
@@ -146,10 +204,45 @@ def delete(client: Client, namespace: str, *pods: str) -> None:
             client.delete(Pod, p, namespace=namespace, grace_period=0)
 
 
+def forged_filter(uid: str, neuron: int, node: str, annotation: str | None) -> bytes:
+    """A filter call as a forger would send it: a pod that does not exist, a node, optionally its annotation."""
+    pod = {"metadata": {"name": f"forged-{uid}", "namespace": "default", "uid": uid},
+           "spec": {"schedulerName": "my-scheduler",
+                    "containers": [{"name": "c", "resources": {"limits": {NEURON: str(neuron)}}}]}}
+    meta: dict[str, Any] = {"name": node}
+    if annotation is not None:
+        meta["annotations"] = {USAGE: annotation}
+    return json.dumps({"Pod": pod, "Nodes": {"items": [{"metadata": meta}]}}).encode()
+
+
+def post_filter(port: int, body: bytes, ctx: ssl.SSLContext | None, server_name: str) -> bytes | str:
+    """POST /filter to the extender: the raw answer, or the name of the error that ended the connection."""
+
+    async def run() -> bytes:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            "127.0.0.1", port, ssl=ctx, server_hostname=server_name if ctx else None), 10)
+        head = f"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return data
+
+    try:
+        return asyncio.run(run())
+    except (ssl.SSLError, ConnectionError) as exc:
+        return type(exc).__name__
+
+
+def passed_nodes(answer: bytes | str) -> list[str]:
+    assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 200"), answer
+    return [n["metadata"]["name"] for n in json.loads(answer.partition(b"\r\n\r\n")[2])["nodes"]["items"]]
+
+
 def test_extender_places_only_connected_sets_with_the_real_scheduler(
         kubelet_node: Callable[..., RealNode], daemon: Callable[..., Daemon], kube_client: Client,
         control_plane: ControlPlane, my_scheduler: Callable[[int], None], namespace: str, wait: Wait,
-        tmp_path: Path) -> None:
+        tmp_path: Path, tls: ChartTls) -> None:
     trn2 = kubelet_node("trn2.48xlarge")
     trn1 = kubelet_node("trn1.32xlarge")
     nodes = {trn2.name: trn2, trn1.name: trn1}
@@ -162,7 +255,7 @@ def test_extender_places_only_connected_sets_with_the_real_scheduler(
              f"neuron 16 / neuroncore {cores} on {node.name}", timeout=90)
         wait(lambda n=node: usage_of(kube_client, n.name), f"the device-usage annotation on {node.name}")
     port = _free_port()
-    env = {"KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    env = {"KUBECONFIG": str(control_plane.admin_kubeconfig), **tls.extender_env}
     extender = daemon("neuron-scheduler-extender", "serve", "--port", str(port), "--metrics-port", "0", env=env)
     my_scheduler(port)
 
@@ -264,6 +357,25 @@ def test_extender_places_only_connected_sets_with_the_real_scheduler(
         return node, r
 
     node1, row1 = free_a_row(observe=True)
+
+    # 6a. Who may change the extender's state, while exactly one row of node1 is free.
+    annotation = json.dumps(usage_of(kube_client, node1.name))
+    forged = forged_filter("u-evil", 4, node1.name, annotation)
+    ca_only = ssl.create_default_context(cafile=tls.scheduler_files["caFile"])
+    as_scheduler = ssl.create_default_context(cafile=tls.scheduler_files["caFile"])
+    as_scheduler.load_cert_chain(tls.scheduler_files["certFile"], tls.scheduler_files["keyFile"])
+    #     A client without the scheduler's certificate, or speaking plain HTTP, is refused before any HTTP.
+    for who, ctx in (("without a client certificate", ca_only), ("over plain HTTP", None)):
+        answer = post_filter(port, forged, ctx, tls.server_name)
+        assert not (isinstance(answer, bytes) and b"HTTP/1.1 2" in answer), f"{who}: {answer!r}"
+    #     Even over the scheduler's own channel, a filter for a pod the API server does not have (the node named with
+    #     and without its annotation, as the outside tester did) reserves nothing: the row stays free for others.
+    assert passed_nodes(post_filter(port, forged, as_scheduler, tls.server_name)) == [node1.name]
+    assert passed_nodes(post_filter(port, forged_filter("u-evil2", 16, node1.name, None), as_scheduler,
+                                    tls.server_name)) == [node1.name]
+    probe = post_filter(port, forged_filter("u-probe", 4, node1.name, annotation), as_scheduler, tls.server_name)
+    assert passed_nodes(probe) == [node1.name], probe
+
     my_pod(kube_client, namespace, "twin-a", {NEURON: "4"})
     my_pod(kube_client, namespace, "twin-b", {NEURON: "4"})
     first = wait(lambda: next((p for p in ("twin-a", "twin-b") if running(kube_client, namespace, p)), None),

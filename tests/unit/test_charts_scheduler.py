@@ -35,7 +35,7 @@ def test_my_scheduler_calls_the_extender_for_both_neuron_resources(with_schedule
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert [p["schedulerName"] for p in config["profiles"]] == ["my-scheduler"]
     (ext,) = config["extenders"]
-    assert ext["urlPrefix"] == "http://neuron-scheduler-extender.kube-system.svc:12345"
+    assert ext["urlPrefix"] == "https://neuron-scheduler-extender.kube-system.svc:12345"
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["ignorable"], ext["nodeCacheCapable"]) == (
         "filter", "prioritize", False, False)
     assert ext["managedResources"] == [{"name": NEURON, "ignoredByScheduler": False},
