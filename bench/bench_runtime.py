@@ -86,7 +86,12 @@ def main() -> int:
             name = doc["metadata"]["name"]
             poll(lambda: (p := client.get(Pod, name, namespace="default")).status and p.status.phase == "Running",
                  f"{name} Running")
-            print(f"pod create to Running ({label:<34}) {time.perf_counter() - t0:6.1f} s")
+            pod = client.get(Pod, name, namespace="default")
+            created = pod.metadata.creationTimestamp  # type: ignore[union-attr]
+            sched = next(c.lastTransitionTime for c in pod.status.conditions  # type: ignore[union-attr]
+                         if c.type == "PodScheduled")
+            print(f"pod create to Running ({label:<34}) {time.perf_counter() - t0:6.1f} s "
+                  f"(bound after {(sched - created).total_seconds():.0f} s, API timestamps in whole seconds)")
             client.delete(Pod, name, namespace="default", grace_period=0)
             poll(lambda: not list(client.list(Pod, namespace="default", fields={"metadata.name": name})),
                  f"{name} gone", 60)
