@@ -386,6 +386,33 @@ def _started_entry(rig: Rig, ref: ClaimRef, device: int) -> None:
     CheckpointFile(rig.store.path).save(Checkpoint(read_boot_id(rig.paths.host_root), {ref.uid: entry}))
 
 
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "truncated-after-record-1", "zeroed-tail"])
+def test_a_journal_that_lost_records_while_stopped_hands_out_no_device_twice(rig: Rig, damage: str) -> None:
+    """Issue 25 item 2, as reported: with the driver stopped the journal lost its second record; the driver then
+    gave that claim's device (neuron-device-10) to a new claim. Now it refuses to prepare, naming the journal."""
+    rig.prepare(rig.reader.add(make_claim("u-0", [0], name="zero")))  # the first change writes a snapshot
+    rig.prepare(rig.reader.add(make_claim("u-1", [1], name="one")))  # journal record 1
+    held = rig.reader.add(make_claim("u-2", [10], name="two"))
+    assert rig.prepare(held)[0].device == "neuron-device-10"  # journal record 2: answered to the kubelet
+    rig.store.file.close()
+    journal = rig.store.file.journal_path
+    data = journal.read_bytes()
+    after_first = data.index(b"\n") + 1
+    if damage == "deleted":
+        journal.unlink()
+    elif damage == "emptied":
+        journal.write_bytes(b"")
+    else:
+        os.truncate(journal, after_first)
+        if damage == "zeroed-tail":
+            os.truncate(journal, len(data))
+    rig.restart()
+    assert rig.store.error and "checkpoint.journal" in rig.store.error
+    thief = rig.reader.add(make_claim("u-3", [10], name="three"))
+    with pytest.raises(ClaimError, match=r"checkpoint .*checkpoint.json is unusable \(journal .*checkpoint\.journal"):
+        rig.prepare(thief)
+
+
 def test_corrupt_checkpoint_fails_closed_for_prepare_only(rig: Rig) -> None:
     ref = rig.reader.add(make_claim("u-1", [0]))
     rig.prepare(ref)
