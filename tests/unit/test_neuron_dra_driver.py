@@ -640,6 +640,20 @@ def test_two_pods_of_a_rolling_update_share_one_checkpoint(tmp_path: Path) -> No
     assert CheckpointFile(old.store.path).load().claims.keys() == {"u-2"}
 
 
+def test_a_claim_the_other_pod_unprepared_after_the_reads_is_read_under_the_lock(tmp_path: Path) -> None:
+    """Reads happen before the lock, judged by what this pod last saw; when the other pod unprepared the claim in
+    between, the prepare reads it under the lock instead of answering from a stale entry."""
+    old, new = Rig(tmp_path), Rig(tmp_path)
+    ref = new.reader.add(make_claim("u-1", [2]))
+    new.prepare(ref)
+    old.unprepare(ref)  # the new pod's memory still holds u-1 as prepared
+    reads = new.reader.reads
+    out = asyncio.run(DraPlugin(new.driver, new.paths).prepare_claims([ref]))
+    assert out["u-1"][1] == "" and [d.device for d in out["u-1"][0]] == ["neuron-device-2"]
+    assert new.reader.reads == reads + 1 and new.cdi.exists("u-1")
+    assert CheckpointFile(new.store.path).load().claims.keys() == {"u-1"}
+
+
 def test_a_clean_stop_leaves_a_snapshot_an_older_driver_can_read_alone(tmp_path: Path) -> None:
     """An older driver (a rollback) reads checkpoint.json and knows nothing of the journal: after a clean stop the
     snapshot alone holds every prepared claim, those the other pod of a rolling update recorded included."""
