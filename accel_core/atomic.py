@@ -38,7 +38,12 @@ def is_temp_name(name: str) -> bool:
     return _TEMP_NAME.fullmatch(name) is not None
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, sync_dir: bool = True,
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    """:func:`atomic_write_text` for bytes, durable (the file and its directory synced)."""
+    atomic_write_text(path, data, mode=mode)
+
+
+def atomic_write_text(path: Path, text: str | bytes, *, mode: int = 0o600, sync_dir: bool = True,
                       durable: bool = True) -> None:
     """Replace ``path`` with ``text`` so that readers see the old or the new content, never a mix.
 
@@ -50,7 +55,7 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, sync_dir: boo
     _clean_once(path.parent)
     fd, tmp = _locked_temp(path)
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as fh:
             fh.write(text)
             fh.flush()
             if durable:

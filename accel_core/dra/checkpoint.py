@@ -1,21 +1,33 @@
 """The prepared-claims checkpoint: a checksummed JSON snapshot, plus a journal of the changes made since.
 
-- ``checkpoint.json`` (the snapshot) holds every entry, the host's boot ID and the ID of the journal that goes
-  with it. It is replaced atomically and durably (temp file, fsync, rename, directory fsync) when the journal is
-  full, when the boot ID changes, and on a clean stop.
-- ``checkpoint.journal`` is a file of fixed size, written full of zero bytes once. Each prepare or unprepare
-  request writes one record into it, in place after the previous one, and ``fdatasync``\\ s it before the kubelet
-  gets an answer: no file is created or renamed, and only the changed entries are written (a snapshot write
-  costs several times as much, and grows with the number of claims).
+- ``checkpoint.json`` (the snapshot) holds every entry, the host's boot ID, the ID of the journal that goes with
+  it and that journal file's size (``journalBytes``). It is replaced atomically and durably (temp file, fsync,
+  rename, directory fsync) when the journal is full, when the boot ID changes, on a clean stop, and once at start
+  when it was written by a version without ``journalBytes``.
+- ``checkpoint.journal`` is a file of fixed size, written once full of *filler* lines (spaces ending in a newline,
+  never a zero byte). Each prepare or unprepare request writes one record into it, in place after the previous
+  one, and ``fdatasync``\\ s it before the kubelet gets an answer: no file is created or renamed, and only the
+  changed entries are written (a snapshot write costs several times as much, and grows with the number of claims).
 - A record is one line: the change as compact JSON (journal ID, sequence number, entries put, UIDs deleted), a
-  tab, and the SHA-256 of that JSON. Records are read in order until the first one that does not check out: zero
-  bytes (never written), a torn record (a power loss mid-write, never answered), or a record of an earlier journal
-  (left behind when a new snapshot started a new journal). A damaged record followed by intact records of the same
-  journal is corruption, not a torn end, and the checkpoint is then refused.
+  tab, and the SHA-256 of that JSON. Records are read in order until the first one that does not check out:
+  filler (never written), a torn record (a power loss mid-write, never answered), or a record of an earlier
+  journal (left behind when a new snapshot started a new journal, from the file's start). A damaged record
+  followed by intact records of the same journal is corruption, not a torn end, and the checkpoint is refused.
+
+Every loss that can be seen is refused (:class:`CheckpointError`, naming the file), never read as "fewer claims":
+a snapshot that names a journal which is missing or not ``journalBytes`` long (truncated, emptied, replaced), a
+zero byte in the journal (nothing here ever writes one: a tail zeroed by a truncation and re-extension, or wiped),
+and a journal holding records without the snapshot (deleted). A journal of a snapshot without ``journalBytes``
+(an earlier version's: written full of zero bytes) is read by the earlier rule, zero bytes meaning never written.
+
+The order of writes keeps a kill -9 at any point harmless: a journal is (re)built *before* the snapshot that
+names it, holding the records the old snapshot still needs (so the old snapshot plus the new file is the same
+state), and a new snapshot makes the file's old records stale by its new journal ID.
 
 Several processes may share the files (the old and new pod of a rolling update, serialized by the DRA plugin's
 file lock): :meth:`CheckpointFile.refresh` reads the records another process added since, and reloads everything
-when the snapshot was replaced.
+when the snapshot or the journal file was replaced. An earlier version sharing the files reads filler as the end
+of its records and writes no zero byte into an existing journal; a snapshot it writes has no ``journalBytes``.
 
 Fail closed on a corrupt file for prepare (the caller refuses to guess), stay lenient for unprepare: ``load``
 raises CheckpointError and the caller decides. A boot ID different from the current one means the host rebooted:
@@ -37,15 +49,18 @@ from typing import Any
 
 import msgspec
 
-from accel_core.atomic import atomic_write_text, clean_stale_temp_files
+from accel_core.atomic import atomic_write_bytes, atomic_write_text, clean_stale_temp_files
 from accel_core.hostfiles import HostValueError, read_label
 
 CHECKPOINT_VERSION = "v1"
 #: Room for a few hundred prepares and unprepares between two snapshots.
 JOURNAL_BYTES = 256 * 1024
-#: The first read of a refresh (usually it finds nothing new: zero bytes, or an earlier journal's record).
+#: The first read of a refresh (usually it finds nothing new: filler, or an earlier journal's record).
 _REFRESH_CHUNK = 8192
 _DIGEST_CHARS = 64
+#: What a journal holds where nothing was written yet: lines of spaces. Never a zero byte (those mean damage), and
+#: a newline in every 64 bytes, so an earlier version's reader stops at the first line that is no record of its.
+FILL_LINE = b" " * 63 + b"\n"
 
 
 class CheckpointError(Exception):
@@ -123,6 +138,17 @@ def _damage_after(data: bytes, journal: str, seq: int, where: str) -> None:
                                   "the prepared claims it holds cannot be trusted")
 
 
+def _any_record(data: bytes, where: str) -> bool:
+    """True when ``data`` holds an intact record of any journal."""
+    for line in data.split(b"\n"):
+        try:
+            if b"\t" in line and _valid_line(line, where) is not None:
+                return True
+        except CheckpointError:
+            return True
+    return False
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -140,7 +166,12 @@ class CheckpointFile:
         self._fd: int | None = None
         self._snapshot: tuple[int, int, int, int] | None = None
         self._journal_inode: tuple[int, int] | None = None
+        self._size = 0  # the open journal's size in bytes
         self._rewrite = False  # the next change writes a snapshot (the journal is unusable until then)
+        self._zero_is_damage = False  # the snapshot gives journalBytes: a zero byte in the journal is damage
+        self._filled = False  # the open journal holds no zero byte (written with filler, or by no earlier version)
+        #: The snapshot was written by an earlier version (no journalBytes): the owner writes a new one at start.
+        self.legacy = False
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def load(self) -> Checkpoint:
@@ -148,14 +179,33 @@ class CheckpointFile:
         wrote a snapshot; it also removes temp files a killed writer left beside them)."""
         clean_stale_temp_files(self.path.parent)
         self.close()
-        self.current, self._journal, self._snapshot = self._read_snapshot()
+        self.current, self._journal, size, self._snapshot = self._read_snapshot()
         self._seq, self._offset, self._rewrite = 1, 0, False
+        self._zero_is_damage = size is not None
+        self.legacy = self._snapshot is not None and size is None
         self._open_journal()
-        if self._fd is not None and self._journal:
-            data = os.pread(self._fd, JOURNAL_BYTES, 0)
-            records, used = decode_records(data, self._journal, 1, str(self.journal_path))
-            _damage_after(data[used:], self._journal, 1 + len(records), str(self.journal_path))
+        where = str(self.journal_path)
+        if self._journal:  # the snapshot names a journal: it must be there, whole
+            if self._fd is None:
+                raise CheckpointError(f"journal {where} is missing: checkpoint {self.path} names journal "
+                                      f"{self._journal}; the prepared claims it held cannot be trusted")
+            expected = JOURNAL_BYTES if size is None else size
+            if self._size != expected:
+                raise CheckpointError(f"journal {where} is {self._size} bytes, not {expected} (truncated or "
+                                      "replaced); the prepared claims it held cannot be trusted")
+        data = os.pread(self._fd, self._size, 0) if self._fd is not None else b""
+        self._filled = b"\0" not in data
+        if self._journal:
+            if self._zero_is_damage and not self._filled:
+                zero = data.index(0)
+                raise CheckpointError(f"journal {where} holds zero bytes from offset {zero} (wiped, "
+                                      "or truncated and re-extended); the prepared claims it held cannot be trusted")
+            records, used = decode_records(data, self._journal, 1, where)
+            _damage_after(data[used:], self._journal, 1 + len(records), where)
             self._apply(records, used)
+        elif self._snapshot is None and _any_record(data, where):
+            raise CheckpointError(f"checkpoint {self.path} is missing but journal {where} holds records; the "
+                                  "prepared claims cannot be trusted (move both files away to start empty)")
         return self.current
 
     def refresh(self) -> Checkpoint | None:
@@ -172,26 +222,30 @@ class CheckpointFile:
             return None
         records: list[_Record] = []
         chunk = _REFRESH_CHUNK
-        while self._offset < JOURNAL_BYTES:
-            asked = min(chunk, JOURNAL_BYTES - self._offset)
+        while self._offset < self._size:
+            asked = min(chunk, self._size - self._offset)
             data = os.pread(self._fd, asked, self._offset)
+            if self._zero_is_damage and b"\0" in data:
+                return self.load()  # zeroed meanwhile: load() says so, naming the file
             found, used = decode_records(data, self._journal, self._seq, str(self.journal_path))
+            at_end = self._offset + len(data) >= self._size
             self._apply(found, used)
             records += found
             rest = data[used:]
-            if len(data) < asked or b"\n" in rest or not rest.strip(b"\0"):
+            if at_end or len(data) < asked or b"\n" in rest or not rest.strip(b"\0"):
                 break  # the end of the file, a line that is not our next record, or never-written bytes
             if not found:
                 chunk *= 2  # a record longer than what was read
         return self.current if records else None
 
-    def _read_snapshot(self) -> tuple[Checkpoint, str, tuple[int, int, int, int] | None]:
+    def _read_snapshot(self) -> tuple[Checkpoint, str, int | None, tuple[int, int, int, int] | None]:
+        """The entries, the journal ID, ``journalBytes`` (None from an earlier version) and the file's identity."""
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read()
                 identity = _identity(os.fstat(fh.fileno()))
         except FileNotFoundError:
-            return Checkpoint(), "", None
+            return Checkpoint(), "", None, None
         except OSError as exc:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}") from exc
         try:
@@ -207,14 +261,19 @@ class CheckpointFile:
             journal = body.get("journal", "")
             if not isinstance(journal, str):
                 raise CheckpointError(f"checkpoint {self.path}: 'journal' is not a string")
-            return Checkpoint(boot_id=str(body.get("bootId", "")), claims=claims), journal, identity
+            size = body.get("journalBytes")
+            if size is not None and (type(size) is not int or size <= 0):
+                raise CheckpointError(f"checkpoint {self.path}: 'journalBytes' is not a positive integer")
+            return Checkpoint(boot_id=str(body.get("bootId", "")), claims=claims), journal, size, identity
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc}") from exc
 
     def _open_journal(self) -> None:
-        """Open the journal for reading and writing; a missing or odd-sized one is replaced by the next change."""
+        """Open the journal for reading and writing (:meth:`load` judges a missing or odd-sized one; one that
+        nothing refers to yet is rebuilt by the next change)."""
+        self._size = 0
         try:
             fd = os.open(self.journal_path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -228,15 +287,18 @@ class CheckpointFile:
             raise CheckpointError(f"journal {self.journal_path} is not a regular file")
         self._fd = fd
         self._journal_inode = (st.st_dev, st.st_ino)
+        self._size = st.st_size
         if st.st_size != JOURNAL_BYTES:
             self._rewrite = True
 
     def _journal_replaced(self) -> bool:
+        """True when the journal file is gone, another file, or another size (truncated or extended) since it was
+        opened (the stat a refresh makes anyway)."""
         try:
             st = os.stat(self.journal_path)
         except FileNotFoundError:
             return self._fd is not None
-        return (st.st_dev, st.st_ino) != self._journal_inode
+        return (st.st_dev, st.st_ino) != self._journal_inode or st.st_size != self._size
 
     def _apply(self, records: list[_Record], used: int) -> None:
         for record in records:
@@ -261,7 +323,7 @@ class CheckpointFile:
             self.save(snapshot())
             return
         line = encode_record(self._journal, self._seq, put, delete)
-        if self._offset + len(line) > JOURNAL_BYTES:
+        if self._offset + len(line) > min(JOURNAL_BYTES, self._size):
             self.save(snapshot())
             return
         try:
@@ -276,26 +338,41 @@ class CheckpointFile:
 
     def save(self, checkpoint: Checkpoint) -> None:
         """Write a new snapshot atomically and durably, naming a new journal (records of the old one no longer
-        count). The body is serialized once, in the canonical form its checksum covers."""
+        count) and the journal file's size. The body is serialized once, in the canonical form its checksum covers.
+
+        A journal that is missing, unusable after a failed write, of an earlier version (zero bytes), or replaced
+        is rebuilt first (:meth:`_rebuild_journal`): the snapshot never names a file that is not there yet."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._fd is None or self._rewrite or not self._filled or self._journal_replaced():
+            self._rebuild_journal()
         journal = secrets.token_hex(8)
         body = _canonical({"version": CHECKPOINT_VERSION, "bootId": checkpoint.boot_id, "journal": journal,
-                           "claims": checkpoint.claims})
+                           "journalBytes": self._size, "claims": checkpoint.claims})
         checksum = hashlib.sha256(body.encode()).hexdigest()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.path, f'{{"body":{body},"checksum":"{checksum}"}}\n')
         self._snapshot = _identity(os.stat(self.path))
         self.current = Checkpoint(checkpoint.boot_id, dict(checkpoint.claims))
         self._journal, self._seq, self._offset = journal, 1, 0
-        if self._fd is None or self._rewrite or self._journal_replaced():
-            self._create_journal()
-        self._rewrite = False
+        self._zero_is_damage, self.legacy = True, False
 
-    def _create_journal(self) -> None:
+    def _rebuild_journal(self) -> None:
+        """Replace the journal (atomically, durably) with one of JOURNAL_BYTES holding the records of the current
+        journal known so far, then filler. Killed right after, the old snapshot still reads the same state from
+        it; the snapshot written next makes those records stale. A record whose write failed is not kept (its
+        request was not answered)."""
+        keep = b""
+        if self._fd is not None and self._journal and not self._journal_replaced():
+            keep = os.pread(self._fd, self._offset, 0)
+            if len(keep) != self._offset:
+                raise OSError(f"journal {self.journal_path} is shorter than its records")
+        size = max(JOURNAL_BYTES, len(keep))
+        fill = FILL_LINE * (size // len(FILL_LINE) + 1)
         self.close()
-        atomic_write_text(self.journal_path, "\0" * JOURNAL_BYTES)
+        atomic_write_bytes(self.journal_path, keep + fill[len(keep):size])
         self._open_journal()
         if self._fd is None:
             raise OSError(f"journal {self.journal_path} vanished right after it was written")
+        self._rewrite, self._filled = False, True
 
     def close(self) -> None:
         if self._fd is not None:

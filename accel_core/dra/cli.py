@@ -45,6 +45,8 @@ from accel_core.cli import (
 from accel_core.daemon import run_daemon
 from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
+from accel_core.dra.instance import DuplicateInstance, InstanceLock
+from accel_core.dra.plugin import instance_lock_path
 from accel_core.dra.profile import DraProfile, tainted
 from accel_core.dra.service import (
     DEFAULT_HEALTH_POLL_INTERVAL,
@@ -151,6 +153,14 @@ class DriverCli:
         profile = self.profile()
         log.info("starting DRA driver", extra=kv(driver=profile.driver_name, node=args.node_name,
                                                  version=dra_driver_version(), **paths.describe()))
+        instance = InstanceLock(instance_lock_path(paths, profile.driver_name, args.pod_uid))
+        try:
+            instance.acquire()  # before anything is read or written; held until the process ends
+        except (DuplicateInstance, OSError) as exc:
+            log.error("refusing to start: another instance serves these sockets" if isinstance(
+                exc, DuplicateInstance) else "cannot take the instance lock", extra=kv(driver=profile.driver_name,
+                                                                                        error=exc))
+            return 2
 
         async def main(stop: asyncio.Event) -> None:
             client: AsyncClient | None
@@ -167,7 +177,8 @@ class DriverCli:
                                  healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
                                  health_poll_interval=args.health_poll_interval,
                                  cleanup_interval=args.cleanup_interval,
-                                 remove_slices_on_exit=args.remove_slices_on_exit, registry=registry)
+                                 remove_slices_on_exit=args.remove_slices_on_exit, registry=registry,
+                                 instance_lock=instance)
             try:
                 await service.run(stop)
             finally:

@@ -25,8 +25,9 @@ cleanup drops them.
 
 Unprepare removes the CDI spec and the checkpoint entry; an unknown claim (already unprepared, or never prepared
 here) is not an error, and the API server is never consulted, so deleted claims unprepare fine. Whatever the
-kubelet sends, an existing entry is always removed (a spec that cannot be removed is logged), so no entry can
-keep its devices reserved for ever.
+kubelet sends, an existing entry is removed once its spec is gone. A spec that cannot be removed (a read-only or
+failing CDI directory) fails that claim and keeps its entry, so its devices stay held while a runtime could still
+use the spec, and the kubelet retries.
 
 A request with several claims (:meth:`DraDriver.prepare_batch`, :meth:`DraDriver.unprepare_batch`) does the same
 steps claim by claim, but reads the claims from the API server at once and records them together: their CDI
@@ -37,7 +38,9 @@ A request is worked on in one worker thread from start to end (:meth:`DraDriver.
 the DRA server's thread; the async methods hop to a thread first): nothing that touches files (the device-plugin
 guard, the checkpoint and CDI writes) runs on the event loop. Claims are read in that thread too when the reader
 can (``read_blocking``; several at once on a few more threads); a reader whose client belongs to the event loop
-(lightkube's) reads there. The plugin serializes calls, so one request is worked on at a time.
+(lightkube's) reads there. The plugin serializes calls, so one request at a time works on the checkpoint and the
+device plan; the claim reads come before that (:meth:`DraDriver.prefetch_blocking`, outside the locks), so a slow
+API server delays only the prepares that need it.
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ from accel_core.logs import kv
 log = logging.getLogger(__name__)
 
 CDI_CLASS = "claim"
+#: Claim UID -> what its read from the API server returned (the claim, None when not found) or raised.
+Reads = Mapping[str, "ResourceClaim | None | BaseException"]
 #: Claims of one request read at once, at most.
 MAX_PARALLEL_READS = 8
 HEALTH_TIMEOUT_SECONDS = 60
@@ -168,18 +173,43 @@ class DraDriver:
         unexpected for the caller to report as an internal error)."""
         return await asyncio.to_thread(self.prepare_blocking, claims, asyncio.get_running_loop())
 
-    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
-                         ) -> dict[str, list[PreparedDevice] | Exception]:
+    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop) -> Reads:
+        """Read, before the plugin's locks, the claims a prepare will need from the API server: those not recorded
+        as prepared, as far as this process knows (the locked part looks again, after taking in what another
+        process recorded). A slow API server then holds up this request only: answers for prepared claims and
+        unprepares never wait for it. Claims that fail their name check are not read."""
+        todo: dict[str, ClaimRef] = {}
+        for claim in claims:
+            if claim.uid in todo or self.store.error:
+                continue
+            try:
+                check_claim_ref(claim)
+            except ClaimError:
+                continue
+            existing = self.store.get(claim.uid)  # one dict read: safe beside a locked request's changes
+            if existing is None or existing.state != STATE_COMPLETED:
+                todo[claim.uid] = claim
+        if not todo:
+            return {}
+        start = time.perf_counter()
+        reads = self._read_all(list(todo.values()), loop)
+        self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - start)
+        return dict(zip(todo, reads, strict=True))
+
+    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, *,
+                         prefetched: Reads | None = None) -> dict[str, list[PreparedDevice] | Exception]:
         """:meth:`prepare_batch` for a worker thread (the DRA server's): the whole request is worked on in the
-        calling thread; ``loop`` runs the reads of a reader that has no blocking read (lightkube's client)."""
-        out = self._prepare_many(claims, loop)
+        calling thread; ``loop`` runs the reads of a reader that has no blocking read (lightkube's client).
+        ``prefetched``: the reads :meth:`prefetch_blocking` made before the locks (a claim missing there is read
+        here)."""
+        out = self._prepare_many(claims, loop, prefetched)
         for result in out.values():
             if isinstance(result, ClaimError):
                 self.metrics.claim_errors.labels("prepare").inc()
         return out
 
-    def _prepare_many(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
-                      ) -> dict[str, list[PreparedDevice] | Exception]:
+    def _prepare_many(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop,
+                      prefetched: Reads | None = None) -> dict[str, list[PreparedDevice] | Exception]:
         out: dict[str, list[PreparedDevice] | Exception] = {}
         fresh: list[ClaimRef] = []
         known: list[PreparedClaim] = []  # prepared already
@@ -202,15 +232,25 @@ class DraDriver:
         out.update(self._answer_again(known))
         if not fresh:
             return out
-        read_start = time.perf_counter()
-        reads = self._read_all(fresh, loop)
-        self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - read_start)
+        reads = self._reads(fresh, loop, prefetched or {})
         local_start = time.perf_counter()
         plans = self._plan_all(fresh, reads, out)
         if plans:
             self._answers(self._record(plans), out)
         self._observe_local(local_start)
         return out
+
+    def _reads(self, fresh: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, prefetched: Reads
+               ) -> list[ResourceClaim | None | BaseException]:
+        """Each fresh claim's read: made before the locks, or now (not read before: another process unprepared
+        it meanwhile, or the caller made no reads first)."""
+        missing = [c for c in fresh if c.uid not in prefetched]
+        if missing:
+            start = time.perf_counter()
+            prefetched = {**prefetched, **dict(zip((c.uid for c in missing), self._read_all(missing, loop),
+                                                   strict=True))}
+            self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - start)
+        return [prefetched[c.uid] for c in fresh]
 
     def _read_all(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
                   ) -> list[ResourceClaim | None | BaseException]:
@@ -411,18 +451,20 @@ class DraDriver:
             out[claim.uid] = None
             try:
                 self.cdi.remove(claim.uid)
-            except CdiError as exc:  # the entry still goes: a spec no claim refers to cannot hand out a device
-                log.warning("could not remove the CDI spec; clearing the claim all the same",
-                            extra=kv(claim=str(claim), error=exc))
+            except CdiError as exc:  # the spec stays usable: keep the entry (its devices stay held), fail the claim
+                out[claim.uid] = ClaimError(f"{exc}; the claim stays prepared until the kubelet retries")
+        failed = [uid for uid, error in out.items() if error is not None]
+        if failed:
+            self.metrics.claim_errors.labels("unprepare").inc(len(failed))
         if self.store.error:
             log.warning("checkpoint unusable; removed the CDI specs only", extra=kv(claims=[str(c) for c in claims]))
             return out
         try:
-            removed = self.store.remove_many([c.uid for c in claims])
+            removed = self.store.remove_many([c.uid for c in claims if out[c.uid] is None])
         except OSError as exc:
-            self.metrics.claim_errors.labels("unprepare").inc(len(claims))
+            self.metrics.claim_errors.labels("unprepare").inc(len(claims) - len(failed))
             error = ClaimError(f"cannot update checkpoint {self.store.path}: {exc}")
-            return {c.uid: error for c in claims}
+            return {uid: result or error for uid, result in out.items()}
         for claim in claims:
             if claim.uid not in removed:
                 log.debug("unprepare of an unknown claim: nothing to do", extra=kv(claim=str(claim)))

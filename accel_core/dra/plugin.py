@@ -4,17 +4,21 @@
   GetInfo says type ``DRAPlugin``, the driver name, the absolute DRA endpoint, and the supported services newest
   first (``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, then ``v1alpha1.DRAResourceHealth`` when health is served);
 - DRA: both versions on ``<plugins>/<driver>/dra[-<podUID>].sock``; every claim gets an entry in the response map;
-  a claim failure goes in that claim's ``error``; calls are serialized (a thread lock, plus a file lock when a
-  pod UID is set, so two pods of a rolling update never prepare at once); a call with no claims (the liveness
-  probe's) takes no lock at all;
-- health: every message is the complete list; a new message is sent whenever the driver says health changed.
+  a claim failure goes in that claim's ``error`` (a lock file that cannot be opened, say on a read-only file
+  system, too); calls are serialized (a thread lock, plus a file lock when a pod UID is set, so two pods of a
+  rolling update never prepare at once); a call with no claims (the liveness probe's) takes no lock at all;
+- health: every message is the complete list; a new message is sent whenever the driver says health changed. At
+  most :data:`MAX_HEALTH_STREAMS` streams are open at once (the kubelet keeps one): a new one ends the oldest, so
+  streams, which hold a server thread each, never take the threads prepares need.
 
 The DRA socket is served by a synchronous gRPC server: each call runs in one of its threads, which takes the locks
 (waiting there, never on the event loop, while another pod holds the file lock) and, for a handler that offers
 ``prepare_blocking``/``unprepare_blocking`` (:class:`~accel_core.dra.driver.DraDriver`), does the whole request in
-that thread: no hop to the event loop and back, which measured 0.3-0.5 ms per prepare. Other handlers run on the
-event loop as before. Registration stays on an asyncio server; the event loop keeps serving it, the liveness probe
-and the health stream's updates whatever the DRA calls are doing.
+that thread: no hop to the event loop and back, which measured 0.3-0.5 ms per prepare. A handler that also offers
+``prefetch_blocking`` reads what a prepare needs from the network in that thread *before* the locks (the locks
+cover the checkpoint and the device plan only), so a slow API server holds up no other request. Other handlers run
+on the event loop as before. Registration stays on an asyncio server; the event loop keeps serving it, the liveness
+probe and the health stream's updates whatever the DRA calls are doing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import threading
@@ -35,6 +40,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from accel_core.backoff import Backoff
+from accel_core.dra.instance import InstanceLock
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
 from accel_core.grpc_types import Ctx
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
@@ -57,8 +63,11 @@ from accel_core.paths import HostPaths, check_socket_path
 log = logging.getLogger(__name__)
 
 HEALTH_MESSAGE_MAX = 1024
-#: Threads of the DRA socket's server: the kubelet's health stream holds one; calls queue for the lock anyway.
+#: Threads of the DRA socket's server: each open health stream holds one; calls queue for the lock anyway.
 DRA_SERVER_THREADS = 8
+#: Health streams open at once, at most (the kubelet keeps one; a restarted kubelet's old one may linger): a new
+#: stream ends the oldest, so at least DRA_SERVER_THREADS - MAX_HEALTH_STREAMS threads stay for calls.
+MAX_HEALTH_STREAMS = 3
 
 Results = dict[str, tuple[list[PreparedDevice], str]]
 #: A handler's whole-request call: claim UID -> its devices (``[]`` for unprepare) or its exception.
@@ -149,10 +158,14 @@ class _Serial:
         return True
 
     def _open(self) -> int | None:
+        """The lock file, opened; ClaimError (for each claim of the call, not a failed RPC) when it cannot be."""
         if self._path is None:
             return None
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ClaimError(f"cannot open lock file {self._path}: {exc.strerror or exc}") from exc
 
     @staticmethod
     def _close(fd: int | None) -> None:
@@ -181,13 +194,17 @@ class DraPlugin:
         suffix = f"-{pod_uid}" if pod_uid else ""
         self.data_dir = paths.plugins_data_dir / self.driver
         self.registration_socket = paths.plugins_registry_dir / f"{self.driver}{suffix}-reg.sock"
-        self.dra_socket = self.data_dir / (f"dra{suffix}.sock")
+        self.dra_socket = dra_socket_path(paths, self.driver, pod_uid)
+        #: Held from before the checkpoint is loaded until the process ends (see :mod:`accel_core.dra.instance`).
+        self.instance = InstanceLock(instance_lock_path(paths, self.driver, pod_uid))
         self.serve_health = serve_health
         self.metrics = DraMetrics(registry)
         self._stopping = threading.Event()  #: set by stop(): health streams end, lock waits give up
         self._serial = _Serial(self.data_dir / "serialize.lock" if pod_uid else None, self._stopping)
         self._health_version = 0
         self._health_cond = threading.Condition()
+        self._streams: dict[int, None] = {}  #: open health streams, oldest first (guarded by _health_cond)
+        self._stream_ids = itertools.count()
         self._servers: list[grpc.aio.Server] = []
         self._dra_server: grpc.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -257,7 +274,13 @@ class DraPlugin:
         work = getattr(self.handler, "prepare_blocking", None)
         if work is None:
             return self._on_loop(self.prepare_claims(claims))
-        return self._in_thread("prepare", claims, lambda refs: work(refs, loop))
+        prefetch = getattr(self.handler, "prefetch_blocking", None)
+        fetched: dict[str, Any] = {}
+        if prefetch is None:
+            return self._in_thread("prepare", claims, lambda refs: work(refs, loop))
+        # the network reads first, outside the locks; then the rest under them, with what was read
+        return self._in_thread("prepare", claims, lambda refs: work(refs, loop, prefetched=fetched),
+                               before=lambda refs: fetched.update(prefetch(refs, loop)))
 
     def unprepare_claims_blocking(self, claims: list[ClaimRef]) -> Results:
         """:meth:`unprepare_claims` from a DRA server thread: all of it in this thread when the handler can."""
@@ -327,24 +350,28 @@ class DraPlugin:
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     def _in_thread(self, operation: str, claims: list[ClaimRef],
-                   work: Callable[[list[ClaimRef]], Mapping[str, Any]]) -> Results:
+                   work: Callable[[list[ClaimRef]], Mapping[str, Any]],
+                   before: Callable[[list[ClaimRef]], None] | None = None) -> Results:
         """One request done by ``work`` (UID -> devices, None, or the claim's exception) in this thread, under the
-        locks; each claim's result, metrics and log line as if done one at a time."""
+        locks, after ``before`` (the network reads, outside them); each claim's result, metrics and log line as if
+        done one at a time."""
         out: Results = {}
         if not claims:
             return out
         results: Mapping[str, Any]
+        start = time.perf_counter()
         try:
+            if before is not None:
+                before(claims)
             with self._serial.held():
                 start = time.perf_counter()  # the time under the locks, as on the event-loop path
-                try:
-                    results = work(claims)
-                except Exception as exc:  # a handler bug: every claim of the request reports it
-                    log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
-                    results = {c.uid: exc for c in claims}
+                results = work(claims)
             elapsed = time.perf_counter() - start
-        except ClaimError as exc:  # stopped while waiting for the other pod's lock
+        except ClaimError as exc:  # stopped while waiting for the other pod's lock, or no lock file
             results, elapsed = {c.uid: exc for c in claims}, 0.0
+        except Exception as exc:  # a handler bug: every claim of the request reports it
+            log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
+            results, elapsed = {c.uid: exc for c in claims}, time.perf_counter() - start
         for claim in claims:
             result = results.get(claim.uid)
             if isinstance(result, BaseException):
@@ -401,21 +428,46 @@ class DraPlugin:
             self._health_cond.notify_all()
 
     def health_updates(self, active: Callable[[], bool]) -> Iterator[list[DeviceHealthReport]]:
-        """The full list now, then again after every change, while ``active()`` (a DRA server thread waits here)."""
-        seen = -1
-        while True:
+        """The full list now, then again after every change, while ``active()`` and until a newer stream ends this
+        one, the oldest of more than :data:`MAX_HEALTH_STREAMS` (a DRA server thread waits here)."""
+        stream = next(self._stream_ids)
+        with self._health_cond:
+            self._streams[stream] = None  # oldest first
+            while len(self._streams) > MAX_HEALTH_STREAMS:
+                oldest = next(iter(self._streams))
+                del self._streams[oldest]
+                log.info("too many health streams: ending the oldest", extra=kv(driver=self.driver,
+                                                                               most=MAX_HEALTH_STREAMS))
+            self._health_cond.notify_all()  # the ended stream's thread looks again and returns
+        try:
+            seen = -1
+            while True:
+                with self._health_cond:
+                    while (self._health_version == seen and not self._stopping.is_set() and active()
+                           and stream in self._streams):
+                        self._health_cond.wait()
+                    if self._stopping.is_set() or not active() or stream not in self._streams:
+                        return
+                    seen = self._health_version
+                yield self.handler.health() or []
+        finally:
             with self._health_cond:
-                while self._health_version == seen and not self._stopping.is_set() and active():
-                    self._health_cond.wait()
-                if self._stopping.is_set() or not active():
-                    return
-                seen = self._health_version
-            yield self.handler.health() or []
+                self._streams.pop(stream, None)
 
     def wake_health_streams(self) -> None:
         """Let every waiting health stream look again (at the version, the stop, its call's state)."""
         with self._health_cond:
             self._health_cond.notify_all()
+
+
+def dra_socket_path(paths: HostPaths, driver: str, pod_uid: str | None) -> Path:
+    """``<plugins>/<driver>/dra[-<podUID>].sock``."""
+    return paths.plugins_data_dir / driver / (f"dra-{pod_uid}.sock" if pod_uid else "dra.sock")
+
+
+def instance_lock_path(paths: HostPaths, driver: str, pod_uid: str | None) -> Path:
+    """The instance lock beside the DRA socket: ``dra[-<podUID>].lock`` (one per set of socket names)."""
+    return dra_socket_path(paths, driver, pod_uid).with_suffix(".lock")
 
 
 def _unlink_stale(path: Path) -> None:

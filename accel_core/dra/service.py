@@ -35,6 +35,7 @@ from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.instance import InstanceLock
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
@@ -95,6 +96,7 @@ class DraService:
         remove_slices_on_exit: bool = False,
         registry: CollectorRegistry | None = None,
         dra_version: str | None = None,
+        instance_lock: InstanceLock | None = None,
     ) -> None:
         self.profile = profile
         self.driver_name = profile.driver_name
@@ -118,6 +120,8 @@ class DraService:
         self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
                                 inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics)
         self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)
+        if instance_lock is not None:
+            self.plugin.instance = instance_lock
         self.cleaner = StaleClaimCleaner(store=self.store, reader=self.reader, unprepare=self.plugin.unprepare_claims,
                                          driver=self.driver_name, pool=node_name, metrics=self.metrics)
         self.publisher = (SlicePublisher(client, self.driver_name, node_name, registry=self.registry)
@@ -175,6 +179,15 @@ class DraService:
 
     # -- life cycle ------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop``; DuplicateInstance (before anything is read or written) when another live process
+        serves the same sockets."""
+        self.plugin.instance.acquire()  # a no-op when the caller took it already (the CLI, to exit 2)
+        try:
+            await self._run(stop)
+        finally:
+            self.plugin.instance.release()
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await self.rescan()
         if self.scan.devices:
             log.info("devices found", extra=kv(driver=self.driver_name, node=self.node_name,

@@ -53,8 +53,8 @@ class ClaimStore:
         self.error = None
         self._claims = claims
         rebooted = bool(checkpoint.boot_id) and bool(self.boot_id) and checkpoint.boot_id != self.boot_id
-        if checkpoint.boot_id != self.boot_id and claims:
-            self._save()  # record the current boot
+        if (checkpoint.boot_id != self.boot_id and claims) or self.file.legacy:
+            self._save()  # record the current boot; or the journal's size, so a loss of its records is seen
         return LoadResult(len(claims), checkpoint.boot_id, rebooted)
 
     def refresh(self) -> bool:

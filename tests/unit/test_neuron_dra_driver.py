@@ -386,6 +386,33 @@ def _started_entry(rig: Rig, ref: ClaimRef, device: int) -> None:
     CheckpointFile(rig.store.path).save(Checkpoint(read_boot_id(rig.paths.host_root), {ref.uid: entry}))
 
 
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "truncated-after-record-1", "zeroed-tail"])
+def test_a_journal_that_lost_records_while_stopped_hands_out_no_device_twice(rig: Rig, damage: str) -> None:
+    """Issue 25 item 2, as reported: with the driver stopped the journal lost its second record; the driver then
+    gave that claim's device (neuron-device-10) to a new claim. Now it refuses to prepare, naming the journal."""
+    rig.prepare(rig.reader.add(make_claim("u-0", [0], name="zero")))  # the first change writes a snapshot
+    rig.prepare(rig.reader.add(make_claim("u-1", [1], name="one")))  # journal record 1
+    held = rig.reader.add(make_claim("u-2", [10], name="two"))
+    assert rig.prepare(held)[0].device == "neuron-device-10"  # journal record 2: answered to the kubelet
+    rig.store.file.close()
+    journal = rig.store.file.journal_path
+    data = journal.read_bytes()
+    after_first = data.index(b"\n") + 1
+    if damage == "deleted":
+        journal.unlink()
+    elif damage == "emptied":
+        journal.write_bytes(b"")
+    else:
+        os.truncate(journal, after_first)
+        if damage == "zeroed-tail":
+            os.truncate(journal, len(data))
+    rig.restart()
+    assert rig.store.error and "checkpoint.journal" in rig.store.error
+    thief = rig.reader.add(make_claim("u-3", [10], name="three"))
+    with pytest.raises(ClaimError, match=r"checkpoint .*checkpoint.json is unusable \(journal .*checkpoint\.journal"):
+        rig.prepare(thief)
+
+
 def test_corrupt_checkpoint_fails_closed_for_prepare_only(rig: Rig) -> None:
     ref = rig.reader.add(make_claim("u-1", [0]))
     rig.prepare(ref)
@@ -611,6 +638,20 @@ def test_two_pods_of_a_rolling_update_share_one_checkpoint(tmp_path: Path) -> No
     new.unprepare(first)
     assert old.prepare(second)[0].device == "neuron-device-2", "a claim the other pod unprepared frees its device"
     assert CheckpointFile(old.store.path).load().claims.keys() == {"u-2"}
+
+
+def test_a_claim_the_other_pod_unprepared_after_the_reads_is_read_under_the_lock(tmp_path: Path) -> None:
+    """Reads happen before the lock, judged by what this pod last saw; when the other pod unprepared the claim in
+    between, the prepare reads it under the lock instead of answering from a stale entry."""
+    old, new = Rig(tmp_path), Rig(tmp_path)
+    ref = new.reader.add(make_claim("u-1", [2]))
+    new.prepare(ref)
+    old.unprepare(ref)  # the new pod's memory still holds u-1 as prepared
+    reads = new.reader.reads
+    out = asyncio.run(DraPlugin(new.driver, new.paths).prepare_claims([ref]))
+    assert out["u-1"][1] == "" and [d.device for d in out["u-1"][0]] == ["neuron-device-2"]
+    assert new.reader.reads == reads + 1 and new.cdi.exists("u-1")
+    assert CheckpointFile(new.store.path).load().claims.keys() == {"u-1"}
 
 
 def test_a_clean_stop_leaves_a_snapshot_an_older_driver_can_read_alone(tmp_path: Path) -> None:
