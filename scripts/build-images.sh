@@ -140,6 +140,10 @@ if [[ ! -f "$APP_DIR/image.oci.tar" ]]; then
   echo "build-images: $APP_NAME built in $(( $(date +%s) - t0 ))s"
 fi
 ln -sfn "$APP_DIR" "$CACHE/app-current"
+# Older builds of the project image are not kept (each is an archive of ~55 MB).
+for old in "$CACHE"/app-*; do
+  [[ "$old" == "$APP_DIR" || "$old" == "$CACHE/app-current" ]] || rm -rf "$old"
+done
 ln -sfn "$BASE_DIR" "$CACHE/base-current"
 mkdir -p "$REPO/dist/image"
 cp "$APP_DIR/image.oci.tar" "$REPO/dist/image/aws-accel-agents-$APP_VERSION.oci.tar"
