@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from chart_render import NEURON_CHART, NEURON_OCI
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
@@ -22,9 +23,6 @@ from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeletnode import KubeletNode
 
 REPO = Path(__file__).resolve().parents[2]
-EFA_CHART = REPO / "charts" / "aws-efa-k8s-device-plugin"
-NEURON_CHART = REPO / "charts" / "neuron-helm-chart"
-NEURON_OCI = "oci://public.ecr.aws/neuron/neuron-helm-chart"
 BUSYBOX = "example.local/busybox:1.35"
 #: What every workload container prints: its device nodes, then its environment, then it waits to be deleted.
 SHOW = "ls -l /dev/infiniband /dev/neuron* 2>&1; echo ---env; env | sort; echo ---end; exec sleep 3600"
@@ -54,12 +52,16 @@ class Helm:
         assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc.stdout
 
-    def seed(self, command: str, *extra: str) -> str:
+    def seed(self, command: str, chart: Path = NEURON_CHART, *extra: str) -> str:
         """A documented ``helm upgrade --install`` line (the local chart standing in for the OCI reference),
         plus ``extra`` arguments."""
         argv = shlex.split(command.replace("\\\n", " "))
         assert argv[0] == "helm" and NEURON_OCI in argv, argv
-        return self(*[str(NEURON_CHART) if a == NEURON_OCI else a for a in argv[1:]], *extra)
+        return self(*[str(chart) if a == NEURON_OCI else a for a in argv[1:]], *extra)
+
+    def manifest(self, release: str, namespace: str) -> list[dict[str, Any]]:
+        out = self("get", "manifest", release, "--namespace", namespace)
+        return [d for d in yaml.safe_load_all(out) if d]
 
 
 def rig_flags(node: KubeletNode) -> list[str]:

@@ -8,19 +8,14 @@ may write the ResourceSlices of that Pod's node and no other.
 from __future__ import annotations
 
 import contextlib
-import os
-import shlex
-import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chart_render import (
     EFA_CHART,
     NEURON_CHART,
-    NEURON_OCI,
     SEED_DEVICE_PLUGIN_INSTALL,
     SEED_DRA_INSTALL,
 )
@@ -32,6 +27,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Secret,
 from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
+from runtime_helpers import Helm
 
 from accel_core.devtools.controlplane import ControlPlane
 
@@ -61,35 +57,6 @@ KINDS: dict[str, type[GlobalResource] | type[NamespacedResource]] = {
     "Secret": Secret,
     "NetworkPolicy": NetworkPolicy,
 }
-
-
-class Helm:
-    """helm against the test control plane as admin, with private helm home directories."""
-
-    def __init__(self, control_plane: ControlPlane, home: Path) -> None:
-        self.binary = control_plane.helm
-        self.kubeconfig = str(control_plane.admin_kubeconfig)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("HELM_") and k != "KUBECONFIG"}
-        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-            self.env[var] = str(home / var.lower())
-
-    def __call__(self, *args: str) -> str:
-        proc = subprocess.run(
-            [str(self.binary), *args, "--kubeconfig", self.kubeconfig],
-            env=self.env, capture_output=True, text=True, timeout=180, check=False,
-        )  # fmt: skip
-        assert proc.returncode == 0, f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-        return proc.stdout
-
-    def seed(self, command: str, chart: Path) -> str:
-        """Run a documented ``helm ...`` line, the local chart standing in for the OCI reference."""
-        argv = shlex.split(command.replace("\\\n", " "))
-        assert argv[0] == "helm" and NEURON_OCI in argv, argv
-        return self(*[str(chart) if a == NEURON_OCI else a for a in argv[1:]])
-
-    def manifest(self, release: str, namespace: str) -> list[dict[str, Any]]:
-        out = self("get", "manifest", release, "--namespace", namespace)
-        return [d for d in yaml.safe_load_all(out) if d]
 
 
 @pytest.fixture

@@ -17,14 +17,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from chart_render import SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
+from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import Client
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceSlice
 from runtime_helpers import (
-    EFA_CHART,
     REPO,
     Helm,
     allocatable,
@@ -172,7 +171,7 @@ def test_efa_chart_under_containerd(kube_client: Client, helm: Helm, p5: RealNod
 def test_neuron_device_plugin_seed_install_under_containerd(kubelet_node: NodeFactory, kube_client: Client,
                                                            helm: Helm, namespace: str, wait: Wait) -> None:
     trn2 = kubelet_node("trn2.48xlarge", runtime=CONTAINERD)
-    helm.seed(SEED_DEVICE_PLUGIN_INSTALL, *rig_flags(trn2.kubelet))
+    helm.seed(SEED_DEVICE_PLUGIN_INSTALL, NEURON_CHART, *rig_flags(trn2.kubelet))
     try:
         wait(lambda: ds_ready(kube_client, "kube-system", NEURON_DP_DS), f"{NEURON_DP_DS} READY 1", timeout=180)
         wait(lambda: allocatable(kube_client, trn2.name, "aws.amazon.com/neuron") == TRN2_DEVICES
@@ -197,7 +196,7 @@ def test_neuron_device_plugin_seed_install_under_containerd(kubelet_node: NodeFa
 def trn2_dra(kubelet_node: NodeFactory, kube_client: Client, helm: Helm, wait: Wait) -> Iterator[RealNode]:
     """A trn2.48xlarge containerd node with the Neuron DRA driver installed by the seed's command."""
     trn2 = kubelet_node("trn2.48xlarge", runtime=CONTAINERD)
-    helm.seed(SEED_DRA_INSTALL, *rig_flags(trn2.kubelet))
+    helm.seed(SEED_DRA_INSTALL, NEURON_CHART, *rig_flags(trn2.kubelet))
     try:
         yield trn2
     finally:
