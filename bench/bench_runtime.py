@@ -23,6 +23,7 @@ import yaml
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
+from lightkube.resources.resource_v1 import ResourceSlice
 
 from accel_core.devtools.containerdnode import BUSYBOX_IMAGE
 from accel_core.devtools.controlplane import ControlPlane
@@ -143,6 +144,9 @@ def main() -> int:
             helm("upgrade", "--install", "efa-dra", str(EFA_CHART), "--namespace", "kube-system", *rig,
                  "--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true",
                  "--set", f"fakeHost.path={trn2.layout.host_root}")
+            poll(lambda: ds_ready("kube-system", "aws-efa-k8s-device-plugin-dra-driver"), "EFA DRA DS")
+            poll(lambda: {s.spec.driver for s in client.list(ResourceSlice) if s.spec.nodeName == "rc-trn2"}
+                 >= {"neuron.aws.com", "efa.aws.com"}, "both drivers' slices")
             for example in ("neuron-dra/1x4-connected-neurons.yaml", "efa-dra/trn2-4-neurons-with-their-efa.yaml"):
                 docs = [d for d in yaml.safe_load_all((REPO / "examples" / example).read_text()) if d]
                 for d in docs:
