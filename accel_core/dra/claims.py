@@ -28,11 +28,13 @@ from accel_core.dra.types import ClaimError, ClaimRef
 
 @dataclass(frozen=True)
 class AllocatedDevice:
-    """One allocation result for this driver on this node. ``request`` is the base request name."""
+    """One allocation result for this driver on this node. ``request`` is the base request name; ``admin_access``
+    is the result's ``adminAccess`` (a monitoring claim that holds no device)."""
 
     request: str
     pool: str
     device: str
+    admin_access: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def allocated_for_node(claim: ResourceClaim | None, ref: ClaimRef, *, driver: st
                              "(or request/subrequest)")
         if not is_label(r.device):
             raise ClaimError(f"allocation result device name {shown(r.device)} is not a DNS label")
-        mine.append(AllocatedDevice(r.request.split("/", 1)[0], pool, r.device))
+        mine.append(AllocatedDevice(r.request.split("/", 1)[0], pool, r.device, r.adminAccess is True))
     if not mine:
         others = sorted({f"{r.driver}/{r.pool}" for r in results})
         raise ClaimError(f"the allocation has no devices of {driver} in pool {pool} (results: "

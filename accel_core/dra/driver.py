@@ -11,7 +11,8 @@ before anything is read or recorded):
 4. the profile turns each request's devices and config into container edits (and refuses unknown devices);
 5. no device may be held by another claim (the last line of defence against handing a device out twice), checked
    against the checkpoint as it is on disk (another process, the other pod of a rolling update, may have recorded
-   or removed claims: :meth:`ClaimStore.refresh`);
+   or removed claims: :meth:`ClaimStore.refresh`); a request allocated with admin access (``adminAccess``, a
+   monitoring claim) holds none of its devices, so it neither blocks nor is blocked by this check;
 6. the CDI names are checked, the CDI spec is written (not synced), and then the checkpoint records the claim
    ``PrepareCompleted`` with one durable journal record; only then does the kubelet get an answer.
 
@@ -248,7 +249,7 @@ class DraDriver:
                 if isinstance(data, BaseException):
                     raise data
                 plan = self._plan(claim, data)
-                for device in plan.devices:
+                for device in plan.held_devices:  # admin access (monitoring) neither blocks nor is blocked
                     holder = self.store.holder(device, other_than=claim.uid) or planned.get(device)
                     if holder is not None:
                         raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
@@ -260,7 +261,7 @@ class DraDriver:
                 out[claim.uid] = exc
                 continue
             plans.append(plan)
-            planned.update((device, plan) for device in plan.devices)
+            planned.update((device, plan) for device in plan.held_devices)
         self.metrics.prepare_phase_seconds.labels("plan").observe(time.perf_counter() - start)
         return plans
 
@@ -375,11 +376,11 @@ class DraDriver:
         inventory = self._inventory()
         requests = []
         for request in alloc.requests:
-            names = [d.device for d in alloc.devices if d.request == request]
-            edits = self.profile.container_edits(inventory, request, names, configs[request])
+            results = [d for d in alloc.devices if d.request == request]
+            edits = self.profile.container_edits(inventory, request, [d.device for d in results], configs[request])
             order = tuple(edits.devices)
             requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
-                                            edits.request))
+                                            edits.request, all(d.admin_access for d in results)))
         return PreparedClaim(claim.uid, claim.namespace, claim.name, alloc.devices[0].pool, tuple(requests),
                              STATE_COMPLETED)
 
@@ -447,4 +448,4 @@ class DraDriver:
     def _update_gauges(self) -> None:
         claims = self.store.claims()
         self.metrics.prepared_claims.set(len(claims))
-        self.metrics.prepared_devices.set(sum(len(c.devices) for c in claims))
+        self.metrics.prepared_devices.set(sum(len(c.held_devices) for c in claims))
