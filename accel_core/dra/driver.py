@@ -61,7 +61,7 @@ from accel_core.dra.names import check_claim_ref
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore
-from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
+from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DeviceStatusData, PreparedDevice
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
 
@@ -92,6 +92,7 @@ class DraDriver:
         inventory: Callable[[], Any],
         blocked: Callable[[], str | None] = lambda: None,
         metrics: DriverMetrics | None = None,
+        status_sink: Callable[[Sequence[PreparedClaim]], None] | None = None,
     ) -> None:
         self.profile = profile
         self.driver_name = profile.driver_name
@@ -101,6 +102,8 @@ class DraDriver:
         self.store = store
         self._inventory = inventory
         self._blocked = blocked
+        #: Handed the newly prepared claims after they are recorded (must return at once: device status).
+        self.status_sink = status_sink
         self.metrics = metrics or DriverMetrics(None, profile.metrics_prefix)
         self._health: dict[str, DeviceHealth] = {}
         #: Seconds the last prepare spent reading the claim, and everything else (for benchmarks).
@@ -209,7 +212,10 @@ class DraDriver:
         local_start = time.perf_counter()
         plans = self._plan_all(fresh, reads, out)
         if plans:
-            self._answers(self._record(plans), out)
+            recorded = self._record(plans)
+            self._answers(recorded, out)
+            if self.status_sink is not None:
+                self.status_sink([p for p in recorded.values() if isinstance(p, PreparedClaim)])
         self._observe_local(local_start)
         return out
 
@@ -375,14 +381,16 @@ class DraDriver:
             raise ClaimError(str(exc)) from exc
         inventory = self._inventory()
         requests = []
+        status: list[tuple[str, DeviceStatusData]] = []
         for request in alloc.requests:
             results = [d for d in alloc.devices if d.request == request]
             edits = self.profile.container_edits(inventory, request, [d.device for d in results], configs[request])
             order = tuple(edits.devices)
             requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
                                             edits.request, all(d.admin_access for d in results)))
+            status.extend((d, edits.status[d]) for d in order if d in edits.status)
         return PreparedClaim(claim.uid, claim.namespace, claim.name, alloc.devices[0].pool, tuple(requests),
-                             STATE_COMPLETED)
+                             STATE_COMPLETED, tuple(status))
 
     def _ensure_spec(self, claim: PreparedClaim) -> None:
         if self.cdi.exists(claim.uid):

@@ -15,12 +15,12 @@ is listed with the first device of that request, so every container gets it exac
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
-from accel_core.dra.types import PreparedDevice
+from accel_core.dra.types import DeviceStatusData, PreparedDevice
 from accel_core.edits import ContainerEdits, DeviceNode, Mount
 
 STATE_STARTED = "PrepareStarted"
@@ -99,6 +99,8 @@ class PreparedClaim:
     pool: str
     requests: tuple[PreparedRequest, ...]
     state: str = STATE_COMPLETED
+    #: (device, status) for the claim's ``status.devices``, from the prepare that planned it; not checkpointed.
+    status: tuple[tuple[str, DeviceStatusData], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def devices(self) -> tuple[str, ...]:
