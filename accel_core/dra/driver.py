@@ -374,8 +374,9 @@ class DraDriver:
     def _plan(self, claim: ClaimRef, data: ResourceClaim | None) -> PreparedClaim:
         """Which devices and edits each request gets (ClaimError for anything wrong with the claim)."""
         alloc = allocated_for_node(data, claim, driver=self.driver_name, pool=self.node_name)
+        chosen = alloc.allocated_requests  # a config may name the request or the subrequest the allocator chose
         try:
-            configs = configs_for_requests(alloc.configs, alloc.requests, driver=self.driver_name,
+            configs = configs_for_requests(alloc.configs, list(chosen.values()), driver=self.driver_name,
                                            decode=self.profile.decode_config, default=self.profile.default_config)
         except ConfigError as exc:
             raise ClaimError(str(exc)) from exc
@@ -384,7 +385,8 @@ class DraDriver:
         status: list[tuple[str, DeviceStatusData]] = []
         for request in alloc.requests:
             results = [d for d in alloc.devices if d.request == request]
-            edits = self.profile.container_edits(inventory, request, [d.device for d in results], configs[request])
+            edits = self.profile.container_edits(inventory, request, [d.device for d in results],
+                                                 configs[chosen[request]])
             order = tuple(edits.devices)
             requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
                                             edits.request, all(d.admin_access for d in results)))
