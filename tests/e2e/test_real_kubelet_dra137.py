@@ -309,6 +309,34 @@ def test_eight_connected_else_four(kubelet_node: MakeNode, daemon: StartDaemon, 
     assert not set(got["hold"]) & set(got["first"]) | set(got["hold"]) & set(got["second"]), got
 
 
+def test_config_naming_the_chosen_subrequest_reaches_only_its_request(
+        kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, classes: None, namespace: str,
+        wait: Wait) -> None:
+    """With a second request in the claim the scheduler keeps the config's ``requests: [neurons/eight]`` as written
+    (with one request it clears them: the config then covers every request), so the driver must match the chosen
+    subrequest itself."""
+    node, _ = ready_node(kubelet_node, daemon, kube_client, NEURON, wait)
+    docs = {d["kind"]: d for d in example(NEURON, "eight-or-four-connected-neurons.yaml")}
+    template = json.loads(json.dumps(docs["ResourceClaimTemplate"]))
+    devices = template["spec"]["spec"]["devices"]
+    devices["requests"].append({"name": "one", "exactly": {"deviceClassName": NEURON.device_class}})
+    devices["config"][0]["requests"] = ["neurons/eight"]
+    create_in(kube_client, namespace, template)
+    create_pod(kube_client, namespace, "two-requests", node.name,
+               claims=[("neurons", "eight-or-four-connected-neurons")])
+    running(kube_client, namespace, "two-requests", wait)
+    claim = kube_client.get(ResourceClaim, pod_claim_name(kube_client, namespace, "two-requests") or "",
+                            namespace=namespace).to_dict()
+    chosen = {r["request"] for r in claim["status"]["allocation"]["devices"]["results"]}
+    assert chosen == {"neurons/eight", "one"}, chosen
+    assert [c["requests"] for c in claim["status"]["allocation"]["devices"]["config"]] == [["neurons/eight"]]
+    (spec,) = [json.loads(p.read_text()) for p in claim_specs(node, NEURON)]
+    env = {d["name"].rsplit("-request-", 1)[1]: dict(e.split("=", 1) for e in d["containerEdits"].get("env", []))
+           for d in spec["devices"] if "-request-" in d["name"]}
+    assert env["neurons"]["NEURON_LOGICAL_NC_CONFIG"] == "1" and env["neurons"]["NEURON_RT_VISIBLE_CORES"] == "0-63"
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env["one"] and env["one"]["NEURON_RT_VISIBLE_CORES"] == "0-3"
+
+
 # -- 5. the unhealthy taint effect -----------------------------------------------------------------------------------
 def test_no_execute_taint_evicts_the_pod_of_a_device_that_turns_unhealthy(
         kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, classes: None, namespace: str,
