@@ -3,8 +3,9 @@
 Two ``neuron-dra-driver serve`` processes (fake trn2.48xlarge hosts), one with ``--device-status on`` and one
 with ``off``, each under its own kubelet stand-in, against one real kube-apiserver; prepares of one claim (one
 device, created allocated) interleaved driver by driver, each followed by an unprepare, as in compare_dra.py.
-The status is written by a task on the driver's event loop after the kubelet has its answer, so the prepare
-should cost the same; the script also counts the claims whose status.devices the "on" driver wrote.
+The status is written by a task on the driver's event loop 0.2 s after the kubelet has its answer (and not at all
+for a claim unprepared meanwhile, as every claim of the loop is), so the prepare should cost the same; at the end
+one more claim is left prepared, and the script counts the claims whose status.devices each driver wrote.
 
     .venv/bin/python bench/bench_dra_device_status.py [--iterations 200]
 """
@@ -30,7 +31,7 @@ from accel_core.devtools.controlplane import ControlPlane  # noqa: E402
 from accel_core.fakehost import build_host  # noqa: E402
 
 
-async def run(root: Path, iterations: int) -> None:
+async def run(root: Path, iterations: int, control: bool) -> None:
     with ControlPlane(root / "cp", with_controller_manager=False, with_scheduler=False) as cp:
         admin = Client(KubeConfig.from_file(cp.admin_kubeconfig))
         drivers = {mode: Driver(f"status-{mode}", "neuron.aws.com", f"status-{mode}", "neuron-device-{i}")
@@ -44,7 +45,7 @@ async def run(root: Path, iterations: int) -> None:
                           "--device-plugins-dir", str(kubelet / "device-plugins"),
                           "--cdi-root", str(root / d.name / "cdi"), "--kubeconfig", str(cp.admin_kubeconfig),
                           "--metrics-port", "0", "--healthcheck-port", "-1", "--log-level", "WARNING",
-                          "--device-status", mode]
+                          "--device-status", "off" if control else mode]
                 cp.create_fake_node(d.node)
                 d.claims = [allocated_claim(admin, d, i) for i in range(2)]
                 (root / d.name).mkdir(parents=True, exist_ok=True)
@@ -54,16 +55,20 @@ async def run(root: Path, iterations: int) -> None:
             for _ in range(iterations):
                 for d in drivers.values():
                     await prepare(d, d.claims[:1], d.one)
+            for d in drivers.values():  # one claim left prepared: its status is written after the delay
+                assert d.conn is not None
+                await d.conn.prepare(*d.claims[1:2])
             await asyncio.sleep(1.0)
             written = {mode: sum(bool((admin.get(ResourceClaim, name, namespace=ns).to_dict().get("status") or {})
-                                      .get("devices")) for ns, _, name in d.claims[:1])
+                                      .get("devices")) for ns, _, name in d.claims)
                        for mode, d in drivers.items()}
         finally:
             for d in drivers.values():
                 with contextlib.suppress(Exception):
                     await stop(d)
             admin.close()
-    print(f"prepare of 1 claim through the DRA socket, {iterations} interleaved rounds (load {os.getloadavg()[0]:.1f})")
+    print(f"prepare of 1 claim through the DRA socket, {iterations} interleaved rounds (load {os.getloadavg()[0]:.1f})"
+          + (" - CONTROL: both drivers have device status off" if control else ""))
     for mode, d in drivers.items():
         print(f"  device status {mode:3}: p50 {p50(d.one) * 1e3:6.3f} ms  p90 {pct(d.one, 0.9) * 1e3:6.3f} ms  "
               f"claims with status.devices: {written[mode]}")
@@ -73,9 +78,11 @@ async def run(root: Path, iterations: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--control", action="store_true",
+                        help="both drivers with --device-status off: the difference the two slots make alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-status-") as tmp:
-        asyncio.run(run(Path(tmp), args.iterations))
+        asyncio.run(run(Path(tmp), args.iterations, args.control))
     return 0
 
 

@@ -119,7 +119,9 @@ class DraService:
         data_dir = paths.plugins_data_dir / self.driver_name
         self.store = ClaimStore(data_dir / "checkpoint.json", read_boot_id(paths.host_root))
         self.reader: ClaimReader = ApiClaimReader(client, claim_get) if client is not None else _NoApiReader()
-        self.status = DeviceStatusWriter(client, self.driver_name) if client is not None and device_status else None
+        self.status = (DeviceStatusWriter(client, self.driver_name,
+                                          still_prepared=lambda uid: self.store.get(uid) is not None)
+                       if client is not None and device_status else None)
         self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
                                 inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics,
                                 status_sink=self.status.submit if self.status is not None else None)

@@ -3,13 +3,14 @@
 went where.
 
 Off the prepare's critical path: the prepare's thread only hands the prepared claims over
-(:meth:`DeviceStatusWriter.submit`, a ``call_soon_threadsafe``), and a task on the event loop writes them after
-the kubelet has its answer. Each claim is one server-side apply of ``resourceclaims/status`` with the driver's
-field manager, carrying only this driver's entries (the list is a map keyed by driver, pool, device and share ID,
-so another driver's entries are left alone) and the claim's UID (a claim replaced meanwhile is refused by the API
-server, not overwritten). Each entry gets a ``Ready`` condition, the profile's ``data`` and, where the device has
-a network interface, ``networkData``. A failed write is logged and retried a few times; a claim that is gone is
-dropped. The status is not written again for a claim answered from the checkpoint (it was written the first time).
+(:meth:`DeviceStatusWriter.submit`, a ``call_soon_threadsafe``), and a task on the event loop writes them
+``DELAY_SECONDS`` later, long after the kubelet has its answer (a claim unprepared meanwhile is skipped). Each claim
+is one server-side apply of ``resourceclaims/status`` with the driver's field manager, carrying only this driver's
+entries (the list is a map keyed by driver, pool, device and share ID, so another driver's entries are left alone)
+and the claim's UID (a claim replaced meanwhile is refused by the API server, not overwritten). Each entry gets a
+``Ready`` condition, the profile's ``data`` and, where the device has a network interface, ``networkData``. A failed
+write is logged and retried a few times; a claim that is gone is dropped. The status is not written again for a
+claim answered from the checkpoint (it was written the first time).
 
 The API server authorizes such a write twice (granular status authorization, on by default since 1.36):
 ``patch`` on ``resourceclaims/status``, and for ``status.devices`` the driver's own permission on the
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +32,7 @@ from lightkube.types import PatchType
 
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.logs import kv
+from accel_core.watch import STOP, wake
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ ATTEMPTS = 4
 RETRY_SECONDS = 1.0
 #: Claims waiting to be written, at most; more are dropped with a warning (the API server is not keeping up).
 MAX_PENDING = 4096
+#: Seconds between a prepare and its status write: the kubelet's next calls (and the container start) go first,
+#: and a claim unprepared meanwhile is not written at all (its status would describe devices it no longer has).
+DELAY_SECONDS = 0.2
 
 
 def status_patch(claim: PreparedClaim, driver: str, now: datetime) -> dict[str, Any]:
@@ -65,13 +70,18 @@ def status_patch(claim: PreparedClaim, driver: str, now: datetime) -> dict[str, 
 class DeviceStatusWriter:
     """Writes the device status of prepared claims from a task on the event loop (:meth:`run`)."""
 
-    def __init__(self, client: AsyncClient, driver: str) -> None:
+    def __init__(self, client: AsyncClient, driver: str, *,
+                 still_prepared: Callable[[str], bool] = lambda uid: True, delay: float = DELAY_SECONDS) -> None:
         self.client = client
         self.driver = driver
+        self.still_prepared = still_prepared
+        self.delay = delay
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[PreparedClaim] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[float, PreparedClaim]] = asyncio.Queue()
+        self._queued: set[str] = set()  # claim UIDs in the queue: a claim prepared again meanwhile is written once
         self.written = 0
         self.failed = 0
+        self.skipped = 0
 
     def submit(self, claims: Sequence[PreparedClaim]) -> None:
         """Queue the claims' status (any thread; returns at once). Before :meth:`run` started, nothing is kept."""
@@ -83,12 +93,16 @@ class DeviceStatusWriter:
             loop.call_soon_threadsafe(self._put, todo)
 
     def _put(self, claims: Sequence[PreparedClaim]) -> None:
+        due = asyncio.get_running_loop().time() + self.delay
         for claim in claims:
+            if claim.uid in self._queued:
+                continue
             if self._queue.qsize() >= MAX_PENDING:
                 log.warning("too many device status writes pending; dropping one", extra=kv(
                     claim=claim.describe()))
                 continue
-            self._queue.put_nowait(claim)
+            self._queue.put_nowait((due, claim))
+            self._queued.add(claim.uid)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Write queued claims until ``stop``."""
@@ -101,7 +115,15 @@ class DeviceStatusWriter:
                 if not getting.done():
                     getting.cancel()
                     return
-                await self._write(getting.result(), stop)
+                due, claim = getting.result()
+                wait = due - self._loop.time()
+                if wait > 0 and await wake(stop, timeout=wait) == STOP:
+                    return
+                self._queued.discard(claim.uid)
+                if not self.still_prepared(claim.uid):
+                    self.skipped += 1  # unprepared meanwhile: nothing to describe
+                    continue
+                await self._write(claim, stop)
         finally:
             self._loop = None
             stopping.cancel()

@@ -154,11 +154,12 @@ def claim_of(name: str) -> PreparedClaim:
 
 
 def run_writer(client: FakeClient, claims: list[PreparedClaim], wait_for: int,
-               monkeypatch: pytest.MonkeyPatch) -> None:
+               monkeypatch: pytest.MonkeyPatch, prepared: set[str] | None = None) -> DeviceStatusWriter:
     monkeypatch.setattr("accel_core.dra.status.RETRY_SECONDS", 0.0)
+    writer = DeviceStatusWriter(client, "neuron.aws.com", delay=0.0,  # type: ignore[arg-type]
+                                still_prepared=lambda uid: prepared is None or uid in prepared)
 
     async def main() -> None:
-        writer = DeviceStatusWriter(client, "neuron.aws.com")  # type: ignore[arg-type]
         stop = asyncio.Event()
         task = asyncio.create_task(writer.run(stop))
         await asyncio.sleep(0)
@@ -172,6 +173,7 @@ def run_writer(client: FakeClient, claims: list[PreparedClaim], wait_for: int,
         await task
 
     asyncio.run(main())
+    return writer
 
 
 def test_writer_applies_the_status_subresource_as_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,3 +189,9 @@ def test_writer_drops_a_claim_that_is_gone(monkeypatch: pytest.MonkeyPatch) -> N
     client = FakeClient([404])
     run_writer(client, [claim_of("gone"), claim_of("next")], 2, monkeypatch)
     assert [c["name"] for c in client.calls] == ["gone", "next"], "a 404 is not retried"
+
+
+def test_writer_skips_a_claim_unprepared_before_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = FakeClient([])
+    writer = run_writer(client, [claim_of("gone"), claim_of("kept")], 1, monkeypatch, prepared={"uid-kept"})
+    assert [c["name"] for c in client.calls] == ["kept"] and writer.skipped == 1
