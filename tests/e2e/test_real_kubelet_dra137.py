@@ -8,7 +8,7 @@ on fake nodes, for both DRA drivers (neuron.aws.com, efa.aws.com):
   (``vpc.amazonaws.com/efa: 32``) run unchanged on DRA nodes, served through the DeviceClasses'
   extendedResourceName (chart value draDriver.extendedResource);
 - prioritized lists: examples/neuron-dra/eight-or-four-connected-neurons.yaml gets 8, then falls back to 4, and a
-  config naming the parent or the chosen subrequest reaches the containers;
+  config naming the parent or the chosen subrequest reaches the containers; trn2-else-trn1.yaml on either type;
 - the unhealthy taint effect NoExecute: kube-controller-manager evicts the pod whose device turns unhealthy.
 
 Facts the assertions use (not our code): trn2.48xlarge has 16 Neuron devices (/dev/neuron0..15) with 8 physical
@@ -335,6 +335,24 @@ def test_config_naming_the_chosen_subrequest_reaches_only_its_request(
            for d in spec["devices"] if "-request-" in d["name"]}
     assert env["neurons"]["NEURON_LOGICAL_NC_CONFIG"] == "1" and env["neurons"]["NEURON_RT_VISIBLE_CORES"] == "0-63"
     assert "NEURON_LOGICAL_NC_CONFIG" not in env["one"] and env["one"]["NEURON_RT_VISIBLE_CORES"] == "0-3"
+
+
+@pytest.mark.parametrize(("instance_type", "lnc_env", "cores"),
+                         [("trn2.48xlarge", "1", "0-127"), ("trn1.32xlarge", None, "0-31")], ids=["trn2", "trn1"])
+def test_trn2_else_trn1(kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, classes: None,
+                        namespace: str, wait: Wait, instance_type: str, lnc_env: str | None, cores: str) -> None:
+    """examples/neuron-dra/trn2-else-trn1.yaml on one node of either type: 16 devices; LNC 1 only on trn2 (trn2:
+    8 physical cores per device, so 128 at LNC 1; trn1: 2 cores per device and no LNC setting, 32)."""
+    node = kubelet_node(instance_type)
+    start_driver(daemon, node, NEURON)
+    wait(lambda: published(kube_client, node.name, NEURON) == 16, "16 devices published", timeout=60)
+    docs = {d["kind"]: d for d in example(NEURON, "trn2-else-trn1.yaml")}
+    create_in(kube_client, namespace, docs["ResourceClaimTemplate"])
+    create_pod(kube_client, namespace, "either", node.name, claims=[("neurons", "trn2-else-trn1")])
+    running(kube_client, namespace, "either", wait)
+    nodes, env = container_edits(node, "either", namespace)
+    assert neuron_indices(nodes) == list(range(16))
+    assert env.get("NEURON_LOGICAL_NC_CONFIG") == lnc_env and env["NEURON_RT_VISIBLE_CORES"] == cores, env
 
 
 # -- 5. the unhealthy taint effect -----------------------------------------------------------------------------------
