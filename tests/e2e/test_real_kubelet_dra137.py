@@ -356,30 +356,39 @@ def test_trn2_else_trn1(kubelet_node: MakeNode, daemon: StartDaemon, kube_client
 
 
 # -- 5. the unhealthy taint effect -----------------------------------------------------------------------------------
+def one_device_template(name: str, kind: Kind) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "one", "exactly": {
+                "deviceClassName": kind.device_class}}]}}}}
+
+
+@pytest.mark.parametrize("kind", [NEURON, EFA], ids=["neuron", "efa"])
 def test_no_execute_taint_evicts_the_pod_of_a_device_that_turns_unhealthy(
         kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, classes: None, namespace: str,
-        wait: Wait) -> None:
-    node, _ = ready_node(kubelet_node, daemon, kube_client, NEURON, wait, "--unhealthy-taint-effect", "NoExecute")
-    (hold,) = [d for d in example(NEURON, "1x4-connected-neurons.yaml") if d["kind"] == "ResourceClaimTemplate"]
-    create_in(kube_client, namespace, hold)
+        wait: Wait, kind: Kind) -> None:
+    node, _ = ready_node(kubelet_node, daemon, kube_client, kind, wait, "--unhealthy-taint-effect", "NoExecute")
+    create_in(kube_client, namespace, one_device_template("one", kind))
     for pod in ("victim", "bystander"):
-        create_pod(kube_client, namespace, pod, node.name, claims=[("neurons", "1x4-connected-neurons")])
+        create_pod(kube_client, namespace, pod, node.name, claims=[("dev", "one")])
         running(kube_client, namespace, pod, wait)
-    victim = neuron_indices(container_edits(node, "victim", namespace)[0])[0]
-    node.host.remove_dev_node(f"/dev/neuron{victim}")
+    (victim,) = container_nodes(node, "victim", namespace, kind)
+    if kind is NEURON:
+        node.host.remove_dev_node(victim)  # the Neuron health rule: /dev node gone
+    else:  # the EFA health rule: port not ACTIVE (read from the host's own ibdev file of that uverbs node)
+        uverbs = victim.removeprefix("/dev/infiniband/")
+        ibdev = (node.host.root / "sys/class/infiniband_verbs" / uverbs / "ibdev").read_text().strip()
+        node.host.set_port_state(ibdev, "DOWN")
 
-    def taint() -> list[dict[str, Any]]:
-        for sl in kube_client.list(ResourceSlice, fields={"spec.nodeName": node.name, "spec.driver": NEURON.driver}):
-            for dev in sl.to_dict()["spec"].get("devices", []):
-                if dev["name"] == f"neuron-device-{victim}" and dev.get("taints"):
-                    return list(dev["taints"])
-        return []
+    def taints() -> list[dict[str, Any]]:
+        return [t for sl in kube_client.list(ResourceSlice, fields={"spec.nodeName": node.name,
+                                                                     "spec.driver": kind.driver})
+                for dev in sl.to_dict()["spec"].get("devices", []) for t in dev.get("taints") or []]
 
-    (published,) = wait(taint, "the unhealthy device tainted in its slice", timeout=60)
-    assert (published["key"], published["effect"]) == ("neuron.aws.com/unhealthy", "NoExecute")
+    (published,) = wait(taints, "the unhealthy device tainted in its slice", timeout=60)
+    assert (published["key"], published["effect"]) == (f"{kind.driver}/unhealthy", "NoExecute")
     wait(lambda: pod_gone(kube_client, namespace, "victim"), "kube-controller-manager evicting the victim",
          timeout=120)
-    assert pod_phase(kube_client, namespace, "bystander") == "Running", "a pod on healthy devices stays"
+    assert pod_phase(kube_client, namespace, "bystander") == "Running", "a pod on a healthy device stays"
 
 
 # -- 4. device status, written with the chart's RBAC -----------------------------------------------------------------
