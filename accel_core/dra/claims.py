@@ -28,11 +28,14 @@ from accel_core.dra.types import ClaimError, ClaimRef
 
 @dataclass(frozen=True)
 class AllocatedDevice:
-    """One allocation result for this driver on this node. ``request`` is the base request name."""
+    """One allocation result for this driver on this node. ``request`` is the base request name; ``admin_access``
+    is the result's ``adminAccess`` (a monitoring claim that holds no device)."""
 
     request: str
     pool: str
     device: str
+    admin_access: bool = False
+    subrequest: str | None = None  # the prioritized list's choice (``request/subrequest``), if any
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,12 @@ class AllocatedClaim:
     def requests(self) -> tuple[str, ...]:
         """Request names in first-seen order."""
         return tuple(dict.fromkeys(d.request for d in self.devices))
+
+    @property
+    def allocated_requests(self) -> dict[str, str]:
+        """Request name -> the name its results carry: ``request/subrequest`` when a prioritized list chose a
+        subrequest (a config may name either), else the request name."""
+        return {d.request: f"{d.request}/{d.subrequest}" if d.subrequest else d.request for d in self.devices}
 
 
 class ClaimReader(Protocol):
@@ -123,7 +132,8 @@ def allocated_for_node(claim: ResourceClaim | None, ref: ClaimRef, *, driver: st
                              "(or request/subrequest)")
         if not is_label(r.device):
             raise ClaimError(f"allocation result device name {shown(r.device)} is not a DNS label")
-        mine.append(AllocatedDevice(r.request.split("/", 1)[0], pool, r.device))
+        base, _, sub = r.request.partition("/")
+        mine.append(AllocatedDevice(base, pool, r.device, r.adminAccess is True, sub or None))
     if not mine:
         others = sorted({f"{r.driver}/{r.pool}" for r in results})
         raise ClaimError(f"the allocation has no devices of {driver} in pool {pool} (results: "

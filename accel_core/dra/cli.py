@@ -34,6 +34,7 @@ from accel_core.cli import (
     EnvArgumentParser,
     add_common_flags,
     add_logging_flags,
+    choice,
     node_name,
     port_or_disabled,
     safe_stdout,
@@ -47,7 +48,7 @@ from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.instance import DuplicateInstance, InstanceLock
 from accel_core.dra.plugin import instance_lock_path
-from accel_core.dra.profile import DraProfile, tainted
+from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
 from accel_core.dra.service import (
     DEFAULT_HEALTH_POLL_INTERVAL,
     DEFAULT_HEALTHCHECK_PORT,
@@ -99,6 +100,14 @@ class DriverCli:
         serve.add_argument("--cleanup-interval", type=_non_negative, default=DEFAULT_CLEANUP_INTERVAL,
                            help="seconds between cleanups of stale prepared claims (also run at start); "
                                 "default 600, 0 disables")
+        serve.add_env_argument("--device-status", env="DEVICE_STATUS", type=choice("on", "off"), default="on",
+                               help="write status.devices of the claims this driver prepares, after answering the "
+                                    "kubelet (env DEVICE_STATUS; on or off; default on)")
+        serve.add_env_argument("--unhealthy-taint-effect", env="UNHEALTHY_TAINT_EFFECT",
+                               type=choice(*UNHEALTHY_TAINT_EFFECTS), default="NoSchedule",
+                               help="effect of the <driver>/unhealthy taint on an unhealthy device: NoSchedule keeps "
+                                    "new claims off it, NoExecute also evicts the pods using it "
+                                    "(env UNHEALTHY_TAINT_EFFECT; default NoSchedule)")
         serve.add_argument("--remove-slices-on-exit", action="store_true",
                            help="delete this driver's ResourceSlices when stopping (uninstall); off for upgrades")
 
@@ -177,7 +186,9 @@ class DriverCli:
                                  healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
                                  health_poll_interval=args.health_poll_interval,
                                  cleanup_interval=args.cleanup_interval,
-                                 remove_slices_on_exit=args.remove_slices_on_exit, registry=registry,
+                                 remove_slices_on_exit=args.remove_slices_on_exit,
+                                 device_status=args.device_status == "on",
+                                 taint_effect=args.unhealthy_taint_effect, registry=registry,
                                  instance_lock=instance)
             try:
                 await service.run(stop)

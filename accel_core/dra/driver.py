@@ -11,7 +11,8 @@ before anything is read or recorded):
 4. the profile turns each request's devices and config into container edits (and refuses unknown devices);
 5. no device may be held by another claim (the last line of defence against handing a device out twice), checked
    against the checkpoint as it is on disk (another process, the other pod of a rolling update, may have recorded
-   or removed claims: :meth:`ClaimStore.refresh`);
+   or removed claims: :meth:`ClaimStore.refresh`); a request allocated with admin access (``adminAccess``, a
+   monitoring claim) holds none of its devices, so it neither blocks nor is blocked by this check;
 6. the CDI names are checked, the CDI spec is written (not synced), and then the checkpoint records the claim
    ``PrepareCompleted`` with one durable journal record; only then does the kubelet get an answer.
 
@@ -63,7 +64,7 @@ from accel_core.dra.names import check_claim_ref
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore
-from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
+from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DeviceStatusData, PreparedDevice
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
 
@@ -96,6 +97,7 @@ class DraDriver:
         inventory: Callable[[], Any],
         blocked: Callable[[], str | None] = lambda: None,
         metrics: DriverMetrics | None = None,
+        status_sink: Callable[[Sequence[PreparedClaim]], None] | None = None,
     ) -> None:
         self.profile = profile
         self.driver_name = profile.driver_name
@@ -105,6 +107,8 @@ class DraDriver:
         self.store = store
         self._inventory = inventory
         self._blocked = blocked
+        #: Handed the newly prepared claims after they are recorded (must return at once: device status).
+        self.status_sink = status_sink
         self.metrics = metrics or DriverMetrics(None, profile.metrics_prefix)
         self._health: dict[str, DeviceHealth] = {}
         #: Seconds the last prepare spent reading the claim, and everything else (for benchmarks).
@@ -236,7 +240,10 @@ class DraDriver:
         local_start = time.perf_counter()
         plans = self._plan_all(fresh, reads, out)
         if plans:
-            self._answers(self._record(plans), out)
+            recorded = self._record(plans)
+            self._answers(recorded, out)
+            if self.status_sink is not None:
+                self.status_sink([p for p in recorded.values() if isinstance(p, PreparedClaim)])
         self._observe_local(local_start)
         return out
 
@@ -288,7 +295,7 @@ class DraDriver:
                 if isinstance(data, BaseException):
                     raise data
                 plan = self._plan(claim, data)
-                for device in plan.devices:
+                for device in plan.held_devices:  # admin access (monitoring) neither blocks nor is blocked
                     holder = self.store.holder(device, other_than=claim.uid) or planned.get(device)
                     if holder is not None:
                         raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
@@ -300,7 +307,7 @@ class DraDriver:
                 out[claim.uid] = exc
                 continue
             plans.append(plan)
-            planned.update((device, plan) for device in plan.devices)
+            planned.update((device, plan) for device in plan.held_devices)
         self.metrics.prepare_phase_seconds.labels("plan").observe(time.perf_counter() - start)
         return plans
 
@@ -407,21 +414,25 @@ class DraDriver:
     def _plan(self, claim: ClaimRef, data: ResourceClaim | None) -> PreparedClaim:
         """Which devices and edits each request gets (ClaimError for anything wrong with the claim)."""
         alloc = allocated_for_node(data, claim, driver=self.driver_name, pool=self.node_name)
+        chosen = alloc.allocated_requests  # a config may name the request or the subrequest the allocator chose
         try:
-            configs = configs_for_requests(alloc.configs, alloc.requests, driver=self.driver_name,
+            configs = configs_for_requests(alloc.configs, list(chosen.values()), driver=self.driver_name,
                                            decode=self.profile.decode_config, default=self.profile.default_config)
         except ConfigError as exc:
             raise ClaimError(str(exc)) from exc
         inventory = self._inventory()
         requests = []
+        status: list[tuple[str, DeviceStatusData]] = []
         for request in alloc.requests:
-            names = [d.device for d in alloc.devices if d.request == request]
-            edits = self.profile.container_edits(inventory, request, names, configs[request])
+            results = [d for d in alloc.devices if d.request == request]
+            edits = self.profile.container_edits(inventory, request, [d.device for d in results],
+                                                 configs[chosen[request]])
             order = tuple(edits.devices)
             requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
-                                            edits.request))
+                                            edits.request, all(d.admin_access for d in results)))
+            status.extend((d, edits.status[d]) for d in order if d in edits.status)
         return PreparedClaim(claim.uid, claim.namespace, claim.name, alloc.devices[0].pool, tuple(requests),
-                             STATE_COMPLETED)
+                             STATE_COMPLETED, tuple(status))
 
     def _ensure_spec(self, claim: PreparedClaim) -> None:
         if self.cdi.exists(claim.uid):
@@ -489,4 +500,4 @@ class DraDriver:
     def _update_gauges(self) -> None:
         claims = self.store.claims()
         self.metrics.prepared_claims.set(len(claims))
-        self.metrics.prepared_devices.set(sum(len(c.devices) for c in claims))
+        self.metrics.prepared_devices.set(sum(len(c.held_devices) for c in claims))

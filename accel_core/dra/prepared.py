@@ -15,12 +15,12 @@ is listed with the first device of that request, so every container gets it exac
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
-from accel_core.dra.types import PreparedDevice
+from accel_core.dra.types import DeviceStatusData, PreparedDevice
 from accel_core.edits import ContainerEdits, DeviceNode, Mount
 
 STATE_STARTED = "PrepareStarted"
@@ -48,11 +48,12 @@ class _Edits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defau
     mounts: tuple[_Mount, ...] = ()
 
 
-class _Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+class _Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, rename="camel"):
     name: str
     devices: tuple[str, ...]
     device_edits: dict[str, _Edits] = {}
     edits: _Edits = _Edits()
+    admin_access: bool = False  # written only when true: entries without it read as before
 
 
 class _Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -77,12 +78,14 @@ def _edits(entry: _Edits) -> ContainerEdits:
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """One request of a claim: its devices in order, each device's edits, and the request's own edits."""
+    """One request of a claim: its devices in order, each device's edits, and the request's own edits.
+    ``admin_access``: allocated with ``adminAccess`` (monitoring), so it holds none of its devices."""
 
     name: str
     devices: tuple[str, ...]
     device_edits: tuple[tuple[str, ContainerEdits], ...] = ()
     edits: ContainerEdits = ContainerEdits()
+    admin_access: bool = False
 
     def edits_of(self, device: str) -> ContainerEdits:
         return dict(self.device_edits).get(device, ContainerEdits())
@@ -96,11 +99,18 @@ class PreparedClaim:
     pool: str
     requests: tuple[PreparedRequest, ...]
     state: str = STATE_COMPLETED
+    #: (device, status) for the claim's ``status.devices``, from the prepare that planned it; not checkpointed.
+    status: tuple[tuple[str, DeviceStatusData], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def devices(self) -> tuple[str, ...]:
         """Every device of the claim, request by request."""
         return tuple(d for r in self.requests for d in r.devices)
+
+    @property
+    def held_devices(self) -> tuple[str, ...]:
+        """The devices the claim holds: those of its requests without admin access."""
+        return tuple(d for r in self.requests if not r.admin_access for d in r.devices)
 
     def with_state(self, state: str) -> PreparedClaim:
         return PreparedClaim(self.uid, self.namespace, self.name, self.pool, self.requests, state)
@@ -140,7 +150,7 @@ class PreparedClaim:
     def to_json(self) -> dict[str, Any]:
         entry = _Entry(self.state, self.namespace, self.name, self.pool,  # type: ignore[arg-type]
                        tuple(_Request(r.name, r.devices, {d: _edits_entry(e) for d, e in r.device_edits},
-                                      _edits_entry(r.edits)) for r in self.requests))
+                                      _edits_entry(r.edits), r.admin_access) for r in self.requests))
         out: dict[str, Any] = msgspec.to_builtins(entry)
         return out
 
@@ -153,5 +163,5 @@ class PreparedClaim:
         except msgspec.ValidationError as exc:
             raise ValueError(f"checkpoint entry for claim {uid} is malformed: {exc}") from exc
         requests = tuple(PreparedRequest(r.name, r.devices, tuple((d, _edits(e)) for d, e in r.device_edits.items()),
-                                         _edits(r.edits)) for r in entry.requests)
+                                         _edits(r.edits), r.admin_access) for r in entry.requests)
         return cls(uid, entry.namespace, entry.name, entry.pool, requests, entry.state)

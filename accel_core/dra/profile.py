@@ -19,8 +19,8 @@ A profile says:
 - ``container_edits(inventory, request, devices, config)``: what the containers of one request get; raises
   :class:`~accel_core.dra.types.ClaimError` naming a device that is unknown or not usable here.
 
-The core taints unhealthy devices ``<driver>/unhealthy=<reason>:NoSchedule`` and reports the same health to the
-kubelet's health stream.
+The core taints unhealthy devices ``<driver>/unhealthy=<reason>:NoSchedule`` (``NoExecute`` when the operator
+chooses it) and reports the same health to the kubelet's health stream.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from accel_core.dra.slices import CounterSet, SliceDevice, Taint
+from accel_core.dra.types import DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.health import DeviceHealth
 from accel_core.paths import HostPaths
@@ -67,6 +68,8 @@ class RequestEdits:
 
     devices: Mapping[str, ContainerEdits]
     request: ContainerEdits = ContainerEdits()
+    status: Mapping[str, DeviceStatusData] = field(default_factory=dict)
+    """Per device: what the claim's ``status.devices`` says about it (devices left out get no entry)."""
 
 
 class DraProfile(Protocol[InventoryT, ConfigT]):
@@ -93,12 +96,18 @@ def unhealthy_taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
 
 
-def tainted(driver: str, devices: Sequence[SliceDevice], health: Mapping[str, DeviceHealth]) -> list[SliceDevice]:
-    """The devices with ``<driver>/unhealthy=<reason>:NoSchedule`` on every unhealthy one."""
+#: The unhealthy-device taint effects an operator may choose: NoSchedule (the default) keeps new claims off the
+#: device; NoExecute also evicts the pods whose claims use it (kube-controller-manager's device taint eviction).
+UNHEALTHY_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def tainted(driver: str, devices: Sequence[SliceDevice], health: Mapping[str, DeviceHealth],
+            effect: str = "NoSchedule") -> list[SliceDevice]:
+    """The devices with ``<driver>/unhealthy=<reason>:<effect>`` on every unhealthy one."""
     out = []
     for dev in devices:
         state = health.get(dev.name)
         if state is not None and not state.healthy:
-            dev = dataclasses.replace(dev, taints=(Taint(unhealthy_taint_key(driver), state.reason, "NoSchedule"),))
+            dev = dataclasses.replace(dev, taints=(Taint(unhealthy_taint_key(driver), state.reason, effect),))
         out.append(dev)
     return out

@@ -41,6 +41,7 @@ from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.profile import DraProfile, Scan, tainted
 from accel_core.dra.slices import SlicePublisher, SliceValidationError
+from accel_core.dra.status import DeviceStatusWriter
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError
 from accel_core.health import HEALTHY, DeviceHealth
@@ -94,6 +95,8 @@ class DraService:
         health_refresh_seconds: float = 20.0,
         cleanup_interval: float = DEFAULT_CLEANUP_INTERVAL,
         remove_slices_on_exit: bool = False,
+        device_status: bool = True,
+        taint_effect: str = "NoSchedule",
         registry: CollectorRegistry | None = None,
         dra_version: str | None = None,
         instance_lock: InstanceLock | None = None,
@@ -109,6 +112,7 @@ class DraService:
         self.health_refresh_seconds = health_refresh_seconds
         self.cleanup_interval = cleanup_interval
         self.remove_slices_on_exit = remove_slices_on_exit
+        self.taint_effect = taint_effect
         self.dra_version = dra_version or dra_driver_version()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = DriverMetrics(self.registry, profile.metrics_prefix)
@@ -117,8 +121,12 @@ class DraService:
         data_dir = paths.plugins_data_dir / self.driver_name
         self.store = ClaimStore(data_dir / "checkpoint.json", read_boot_id(paths.host_root))
         self.reader: ClaimReader = ApiClaimReader(client, claim_get) if client is not None else _NoApiReader()
+        self.status = (DeviceStatusWriter(client, self.driver_name,
+                                          still_prepared=lambda uid: self.store.get(uid) is not None)
+                       if client is not None and device_status else None)
         self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
-                                inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics)
+                                inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics,
+                                status_sink=self.status.submit if self.status is not None else None)
         self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)
         if instance_lock is not None:
             self.plugin.instance = instance_lock
@@ -166,7 +174,8 @@ class DraService:
             self._blocked_logged = reason
         self.own_node.want(labels=self.scan.node_labels, annotations=self.scan.node_annotations)
         if self.publisher is not None:
-            devices = [] if reason else tainted(self.driver_name, self.scan.devices, self.scan.health)
+            devices = [] if reason else tainted(self.driver_name, self.scan.devices, self.scan.health,
+                                                 self.taint_effect)
             try:
                 self.publisher.set_devices(devices, self.scan.counters if devices else ())
             except SliceValidationError as exc:
@@ -213,6 +222,8 @@ class DraService:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
         if self.client is not None and (self.scan.node_labels or self.scan.node_annotations):
             tasks.append(asyncio.create_task(self.own_node.run(stop)))
+        if self.status is not None:
+            tasks.append(asyncio.create_task(self.status.run(stop)))
         if self.client is not None and self.cleanup_interval > 0:
             tasks.append(asyncio.create_task(self.cleaner.run(stop, self.cleanup_interval)))
         self.ready.set()

@@ -90,9 +90,9 @@ class ClaimStore:
         return list(self._claims.values())
 
     def holder(self, device: str, *, other_than: str) -> PreparedClaim | None:
-        """The claim (other than ``other_than``) that holds ``device``, if any."""
+        """The claim (other than ``other_than``) that holds ``device``, if any (admin access holds nothing)."""
         for uid, claim in self._claims.items():
-            if uid != other_than and device in claim.devices:
+            if uid != other_than and device in claim.held_devices:
                 return claim
         return None
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -29,6 +30,16 @@ class PreparedDevice:
     cdi_device_ids: tuple[str, ...]
     request_names: tuple[str, ...] = ()
     share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceStatusData:
+    """What a driver says about one prepared device in the claim's ``status.devices``: driver-specific ``data``
+    (a JSON object) and, for a device with a network interface, ``networkData`` (interfaceName, ips,
+    hardwareAddress)."""
+
+    data: Mapping[str, object] = field(default_factory=dict)
+    network: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)

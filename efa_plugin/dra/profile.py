@@ -29,7 +29,7 @@ from accel_core.coexistence import device_plugin_blocks_dra
 from accel_core.dra.config import check_fields, check_type, parameters_object
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.slices import AttributeValue, SliceDevice, Version
-from accel_core.dra.types import ClaimError
+from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME, SOCKET_NAME
@@ -117,6 +117,7 @@ class EfaProfile:
         """Each device's ``uverbsN`` node (rw, with its major:minor), and ``rdma_cm`` for the request."""
         by_name = {device_name(d): d for d in inventory.devices}
         edits: dict[str, ContainerEdits] = {}
+        status: dict[str, DeviceStatusData] = {}
         for name in devices:
             dev = by_name.get(name)
             if dev is None:
@@ -127,5 +128,16 @@ class EfaProfile:
                                  f"{device_health(dev).message}")
             node = DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor)
             edits[name] = ContainerEdits(device_nodes=(node,))
+            status[name] = device_status(dev)
         shared = (DeviceNode(RDMA_CM, permissions="rw"),) if self._rdma_cm else ()
-        return RequestEdits(edits, ContainerEdits(device_nodes=shared))
+        return RequestEdits(edits, ContainerEdits(device_nodes=shared), status)
+
+
+def device_status(dev: EfaDevice) -> DeviceStatusData:
+    """The claim's ``status.devices`` data of one EFA: its RDMA device, uverbs node and PCI address. No
+    ``networkData``: an EFA is an RDMA device with no network interface of its own (its ENA, when it has one, is
+    another PCI function; an efa-only interface has none), so there is no interface name, IP or MAC to report."""
+    data: dict[str, object] = {"rdmaDevice": dev.ibdev, "uverbs": dev.device_node, "pciBusID": dev.pci_address}
+    if dev.numa_node is not None:
+        data["numaNode"] = dev.numa_node
+    return DeviceStatusData(data)

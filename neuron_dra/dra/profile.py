@@ -25,7 +25,7 @@ from pathlib import Path
 from accel_core.awsfacts import ultraserver as us_facts
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.slices import CounterSet
-from accel_core.dra.types import ClaimError
+from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
@@ -145,7 +145,29 @@ class NeuronProfile:
                                           inventory.instance_type or "this node"))
         edits = {device_name(i): ContainerEdits(device_nodes=(DeviceNode(f"/dev/neuron{i}"),))
                  for i in sorted(indices)}
+        status = device_status([by_index[i] for i in sorted(indices)], effective)
         if whole_node:  # one device in the claim: all the node's /dev nodes go with it
             nodes = tuple(n for e in edits.values() for n in e.device_nodes)
             edits = {us_dra.NODE_DEVICE: ContainerEdits(device_nodes=nodes)}
-        return RequestEdits(edits, ContainerEdits(env=tuple(env)))
+            status = {us_dra.NODE_DEVICE: DeviceStatusData({
+                "neuronDevices": format_core_list(indices), "visibleCores": env[0][1],
+                **({"logicalNeuronCore": effective} if effective is not None else {})})}
+        return RequestEdits(edits, ContainerEdits(env=tuple(env)), status)
+
+
+def device_status(devices: Sequence[NeuronDevice], lnc: int | None) -> dict[str, DeviceStatusData]:
+    """Each device's ``status.devices`` data: its index, PCI address, the cores the container sees on it (as
+    ``NEURON_RT_VISIBLE_CORES`` numbers them: the container's devices renumbered from 0, in index order) and the
+    Logical NeuronCore setting in effect."""
+    out: dict[str, DeviceStatusData] = {}
+    for rank, dev in enumerate(devices):
+        per_device = max(1, dev.core_count // (lnc or 1))
+        data: dict[str, object] = {"index": dev.index,
+                                   "visibleCores": format_core_list(range(rank * per_device,
+                                                                          (rank + 1) * per_device))}
+        if dev.pci_address:
+            data["pciBusID"] = dev.pci_address
+        if lnc is not None:
+            data["logicalNeuronCore"] = lnc
+        out[device_name(dev.index)] = DeviceStatusData(data)
+    return out

@@ -7,7 +7,8 @@ kube-controller-manager), next to the Neuron DRA driver, on fake trn2.48xlarge, 
   against the AWS Neuron-to-EFA tables as neuron.md writes them down (not against our code's tables).
 - Claims are prepared through each driver's DRA socket (kubelet stand-in): idempotent, and after kill -9 the driver
   comes back with the same answer from its checkpoint.
-- The drivers' credentials get only the verbs the code uses; the API server refuses the rest.
+- The drivers' credentials get only the verbs the code uses; the API server refuses the rest. A driver may write
+  status.devices for its own driver on claims allocated on its node (granular status authorization), nothing else.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dra_support import (
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from lightkube.types import PatchType
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubelet_standin import KubeletStandIn
@@ -338,8 +340,6 @@ def test_driver_credentials_allow_only_what_the_code_uses(
             ("list claims", lambda: list(limited.list(ResourceClaim, namespace=namespace))),
             ("list claims in all namespaces", lambda: list(limited.list(ResourceClaim, namespace="*"))),
             ("watch claims", lambda: next(iter(limited.watch(ResourceClaim, namespace=namespace)))),
-            ("update claim status", lambda: limited.patch(ResourceClaim.Status, "c", {"status": {}},
-                                                          namespace=namespace)),
             ("get a slice", lambda: limited.get(ResourceSlice, "anything")),
             ("patch a slice", lambda: limited.patch(ResourceSlice, "anything", {"metadata": {"labels": {"a": "b"}}})),
             ("deletecollection slices", lambda: limited.deletecollection(ResourceSlice)),
@@ -352,6 +352,8 @@ def test_driver_credentials_allow_only_what_the_code_uses(
             with pytest.raises(Exception) as denied:  # noqa: B017 - ApiError, or httpx's error for a watch
                 call()
             assert http_status(denied.value) == 403, f"{what}: {denied.value}"
+        check_device_status_authorization(kube_client, limited, kind, node, namespace)
+
         def patch_node() -> str | None:
             """The API server's refusal of a foreign label on the driver's own Node (None: it was let through)."""
             try:
@@ -373,3 +375,56 @@ def test_driver_credentials_allow_only_what_the_code_uses(
         with contextlib.suppress(ApiError):
             kube_client.delete(Pod, f"{kind.driver.split('.')[0]}-driver-{node}"[:63], namespace=kind.namespace,
                                grace_period=0)
+
+
+def allocate(client: Client, namespace: str, name: str, node: str, drivers: list[str]) -> None:
+    """A claim with one request per driver, allocated on ``node`` as kube-scheduler writes it (device ``d<i>`` of
+    each driver's pool ``node``, node selector on the Node's name)."""
+    requests = [{"name": f"r{i}", "exactly": {"deviceClassName": "efa.networking.k8s.aws"}}
+                for i in range(len(drivers))]
+    create(client, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                    "spec": {"devices": {"requests": requests}}}, namespace)
+    results = [{"request": f"r{i}", "driver": d, "pool": node, "device": f"d{i}"} for i, d in enumerate(drivers)]
+    selector = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+    client.patch(ResourceClaim.Status, name, {"status": {"allocation": {"devices": {"results": results},
+                                                                         "nodeSelector": selector}}},
+                 namespace=namespace)
+
+
+def apply_device_status(client: Client, namespace: str, name: str, driver: str, node: str, device: str) -> None:
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": [{"driver": driver, "pool": node, "device": device, "data": {"probe": True},
+                                    "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                                    "message": "", "lastTransitionTime": "2026-12-03T17:00:00Z"}]}]}}
+    client.patch(ResourceClaim.Status, name, body, namespace=namespace, patch_type=PatchType.APPLY,
+                 field_manager=driver, force=True)
+
+
+def check_device_status_authorization(admin: Client, limited: Client, kind: DriverKind, node: str,
+                                      namespace: str) -> None:
+    """Granular status authorization (Kubernetes 1.36+): with the chart's ClusterRole the driver may write
+    status.devices for its own driver on claims allocated on its node, and nothing else of a claim's status."""
+    other = NEURON.driver if kind is EFA else EFA.driver
+    allocate(admin, namespace, "mine", node, [kind.driver, other])
+    apply_device_status(limited, namespace, "mine", kind.driver, node, "d0")
+    written = admin.get(ResourceClaim, "mine", namespace=namespace).to_dict()["status"]["devices"]
+    assert [(e["driver"], e["device"]) for e in written] == [(kind.driver, "d0")]
+
+    def refused(call: Callable[[], Any]) -> str:
+        with pytest.raises(ApiError) as denied:
+            call()
+        return f"{denied.value.status.code}: {denied.value.status.message}"
+
+    # another driver's entry: the API server asks for resourceclaims/driver named by that driver
+    message = refused(lambda: apply_device_status(limited, namespace, "mine", other, node, "d1"))
+    assert "resourceclaims/driver" in message, message
+    # the allocation and the reservations: resourceclaims/binding (the scheduler's), not given
+    message = refused(lambda: limited.patch(ResourceClaim.Status, "mine", {"status": {"reservedFor": [
+        {"resource": "pods", "name": "p", "uid": "00000000-0000-0000-0000-000000000001"}]}}, namespace=namespace))
+    assert "resourceclaims/binding" in message, message
+    # its own driver's entry on a claim allocated on another node: only associated-node is granted
+    allocate(admin, namespace, "elsewhere", "some-other-node", [kind.driver])
+    message = refused(lambda: apply_device_status(limited, namespace, "elsewhere", kind.driver, "some-other-node",
+                                                  "d0"))
+    assert "resourceclaims/driver" in message and "arbitrary-node:patch" in message, message

@@ -42,13 +42,25 @@ EFA_DS = "aws-efa-k8s-device-plugin-daemonset"
 NAMESPACED = {"DaemonSet", "ServiceAccount", "Service", "ConfigMap", "ServiceMonitor"}
 #: What a DRA driver of this project calls: GET one claim, GET its Node, and list/watch/create/update/delete its
 #: node's slices (accel_core/dra/claims.py and slices.py). Nothing more may be granted.
-DRA_DRIVER_RULES = {
+BASE_DRA_DRIVER_RULES = {
     (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
     (("",), ("nodes",), ()): {"get"},
     (("resource.k8s.io",), ("resourceslices",), ()): {"list", "watch", "create", "update", "delete"},
 }
+
+
+def device_status_rules(driver: str) -> dict[tuple[tuple[str, ...], ...], set[str]]:
+    """What the API server asks for a status.devices write (k8s.io/kubernetes v1.37 pkg/registry/resource:
+    AuthorizedForDeviceStatus): patch on resourceclaims/status, and on the synthetic resourceclaims/driver
+    subresource named by the driver the associated-node: form of the verb (the driver's token is pod-bound)."""
+    return {(("resource.k8s.io",), ("resourceclaims/status",), ()): {"patch"},
+            (("resource.k8s.io",), ("resourceclaims/driver",), (driver,)): {"associated-node:patch"}}
+
+
+DRA_DRIVER_RULES = {**BASE_DRA_DRIVER_RULES, **device_status_rules("efa.aws.com")}
 #: The Neuron DRA driver also patches its own Node (the UltraServer labels; own-node-policy.yaml limits it).
-NEURON_DRA_DRIVER_RULES = {**DRA_DRIVER_RULES, (("",), ("nodes",), ()): {"get", "patch"}}
+NEURON_DRA_DRIVER_RULES = {**BASE_DRA_DRIVER_RULES, (("",), ("nodes",), ()): {"get", "patch"},
+                           **device_status_rules("neuron.aws.com")}
 EFA_DRA_DS = "aws-efa-k8s-device-plugin-dra-driver"
 EFA_DRA_ON = ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"]
 
@@ -700,3 +712,33 @@ def test_own_node_policy_lists_the_keys_the_daemons_write(helm: Path) -> None:
         assert json.loads(variables["ownedLabels"]) == list(NODE_LABELS)
         cond = spec["matchConditions"][0]["expression"]
         assert all(f":{u}" in cond for u in users) and len(json.loads(cond.split(" in ", 1)[1])) == 1
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Both charts: the Kubernetes 1.37 DRA settings (device status, taint effect, extended resource)
+
+DRA_1_37 = [(NEURON_CHART, ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"], DRA_DS,
+             "neuron.aws.com", "neuron.aws.com", "aws.amazon.com/neuron"),
+            (EFA_CHART, EFA_DRA_ON, EFA_DRA_DS, "efa.networking.k8s.aws", "efa.aws.com", "vpc.amazonaws.com/efa")]
+
+
+@pytest.mark.parametrize(("chart", "flags", "ds", "klass", "driver", "resource"), DRA_1_37, ids=["neuron", "efa"])
+def test_dra_1_37_settings_default_and_set(helm: Path, chart: Path, flags: list[str], ds: str, klass: str,
+                                           driver: str, resource: str) -> None:
+    r = template(helm, chart, *flags, release="aws-efa-k8s-device-plugin" if chart == EFA_CHART else "test")
+    env = env_of(container(r.get("DaemonSet", ds)))
+    assert (env["DEVICE_STATUS"], env["UNHEALTHY_TAINT_EFFECT"]) == ("on", "NoSchedule")
+    assert "extendedResourceName" not in r.get("DeviceClass", klass)["spec"], "off by default"
+    role = next(d for d in r.docs if d["kind"] == "ClusterRole" and "dra" in d["metadata"]["name"])
+    assert device_status_rules(driver).items() <= granted_rules(role).items()
+
+    r = template(helm, chart, *flags, "--set", "draDriver.deviceStatus=false", "--set",
+                 "draDriver.unhealthyTaintEffect=NoExecute", "--set", "draDriver.extendedResource=true",
+                 release="aws-efa-k8s-device-plugin" if chart == EFA_CHART else "test")
+    env = env_of(container(r.get("DaemonSet", ds)))
+    assert (env["DEVICE_STATUS"], env["UNHEALTHY_TAINT_EFFECT"]) == ("off", "NoExecute")
+    assert r.get("DeviceClass", klass)["spec"]["extendedResourceName"] == resource
+    role = next(d for d in r.docs if d["kind"] == "ClusterRole" and "dra" in d["metadata"]["name"])
+    assert not any("resourceclaims/" in res for res in granted_rules(role) for res in res[1])
+    with pytest.raises(RenderError, match="unhealthyTaintEffect"):
+        template(helm, chart, *flags, "--set", "draDriver.unhealthyTaintEffect=Evict")

@@ -143,6 +143,10 @@ def test_health_becomes_taints_and_a_vanished_efa_stays_published(tmp_path: Path
     assert taints("71") == [("efa.aws.com/unhealthy", "DevNodeMissing", "NoSchedule")]
     assert taints("4f") == []
     assert devices["efa-0000-60-00-0"].attributes["rdmaDevice"] == "rdmap96s0", "identity kept while gone"
+    scan = profile.scan(paths, "1.2.3")
+    evicting = {d.name: d for d in tainted(DRIVER, scan.devices, scan.health, "NoExecute")}
+    assert [(t.key, t.value, t.effect) for t in evicting["efa-0000-50-00-0"].taints] == [
+        ("efa.aws.com/unhealthy", "PortDown", "NoExecute")], "the operator's choice of effect"
     health = profile.scan(paths, "1.2.3").health
     assert "port is DOWN, not ACTIVE" in health["efa-0000-50-00-0"].message
     fake.set_port_state("rdmap80s0", "ACTIVE")

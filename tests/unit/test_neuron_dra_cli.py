@@ -66,3 +66,20 @@ def test_rescan_and_health_poll_flags(monkeypatch: pytest.MonkeyPatch, capsys: p
     with pytest.raises(SystemExit):
         CLI.parser().parse_args(["serve", "--health-poll-interval", "0"])
     assert "must be more than 0 seconds" in capsys.readouterr().err
+
+
+def test_unhealthy_taint_effect_and_device_status_settings(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("UNHEALTHY_TAINT_EFFECT", raising=False)
+    monkeypatch.delenv("DEVICE_STATUS", raising=False)
+    args = CLI.parser().parse_args(["serve"])
+    assert (args.unhealthy_taint_effect, args.device_status) == ("NoSchedule", "on")
+    monkeypatch.setenv("UNHEALTHY_TAINT_EFFECT", "NoExecute")
+    monkeypatch.setenv("DEVICE_STATUS", "off")
+    args = CLI.parser().parse_args(["serve"])
+    assert (args.unhealthy_taint_effect, args.device_status) == ("NoExecute", "off")
+    monkeypatch.setenv("UNHEALTHY_TAINT_EFFECT", "Evict")
+    with pytest.raises(SystemExit):
+        CLI.parser().parse_args(["serve"])
+    err = capsys.readouterr().err
+    assert "UNHEALTHY_TAINT_EFFECT" in err and "NoSchedule, NoExecute" in err and len(err.strip().splitlines()) == 1
