@@ -23,7 +23,7 @@ import yaml
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
-from lightkube.resources.resource_v1 import ResourceSlice
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from accel_core.devtools.containerdnode import BUSYBOX_IMAGE
 from accel_core.devtools.controlplane import ControlPlane
@@ -96,6 +96,7 @@ def main() -> int:
             client.delete(Pod, name, namespace="default", grace_period=0)
             poll(lambda: not list(client.list(Pod, namespace="default", fields={"metadata.name": name})),
                  f"{name} gone", 60)
+            poll(lambda: not list(client.list(ResourceClaim, namespace="default")), "its claims gone", 60)
 
         def dp_pod(name: str, node_name: str, resource: str, count: int) -> dict[str, Any]:
             return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
