@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from accel_core.instancelock import InstanceConflict
 from accel_core.logs import kv
 from accel_core.paths import SocketPathError
 
@@ -46,5 +47,8 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
         return 130
     except SocketPathError as exc:
         log.error("cannot serve: shorten the directory flags", extra=kv(daemon=name, error=exc))
+        return 2
+    except InstanceConflict as exc:
+        log.error(f"not starting: {exc}", extra=kv(daemon=name))
         return 2
     return 0

@@ -32,6 +32,7 @@ import grpc
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginPolicy
 from accel_core.edits import ContainerEdits
 from accel_core.grpc_types import Ctx
+from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from accel_core.logs import kv
@@ -207,6 +208,7 @@ class DevicePluginServer:
             self._loaded.set()
         self._dir = paths.device_plugins_dir
         self._socket = self._dir / socket_name
+        self._lock = InstanceLock(self._dir, socket_name)
         self._kubelet_sock = paths.kubelet_socket
         self._retry = retry_interval
         self._devices: list[AdvertisedDevice] = []
@@ -380,11 +382,14 @@ class DevicePluginServer:
             self.first_round.set()
             self._watcher = None
             await self._stop_server()
+            self._lock.release()
             log.info("device plugin stopped", extra=kv(resource=self.resource_name))
 
     async def _reconcile_logged(self) -> None:
         try:
             await self._reconcile()
+        except InstanceConflict:
+            raise  # another process serves this socket: stop, never delete its socket
         except Exception:  # a daemon never dies for one bad round; the next wake-up retries
             log.exception("device plugin reconcile failed; retrying", extra=kv(resource=self.resource_name))
             await self._stop_server()
@@ -400,6 +405,7 @@ class DevicePluginServer:
         if not self._dir.is_dir():
             self._note(f"kubelet device-plugin directory {self._dir} does not exist; waiting for it")
             return
+        self._lock.acquire()  # before serving removes a socket of our name (InstanceConflict if another has it)
         if self._server is None or _identity(self._socket) != self._socket_id:
             if self._server is not None:
                 log.warning("plugin socket vanished (kubelet restart?); serving again",
@@ -507,3 +513,9 @@ async def register_first(servers: Sequence[DevicePluginServer], stop: asyncio.Ev
     finally:
         done.cancel()
         stopping.cancel()
+    tasks = [server.start(stop) for server in servers]
+    failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+    if failed:  # e.g. another instance serves our socket: stop the others, do not load the driver
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise failed[0].exception()  # type: ignore[misc]
