@@ -364,6 +364,8 @@ class DevicePluginServer:
         """Serve, register and keep both alive until ``stop`` is set; then remove the socket."""
         try:
             await self.refresh()
+            if stop.is_set():  # stopped while starting: serve nothing
+                return
             await self._reconcile_logged()  # serve and register before the watcher is even loaded
             self.first_round.set()
             from accel_core.watch import ChangeWatcher

@@ -42,7 +42,7 @@ from accel_core.cli import (
     setup_from_args,
     uid,
 )
-from accel_core.daemon import run_daemon
+from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.profile import DraProfile, tainted
@@ -143,6 +143,7 @@ class DriverCli:
         return 0
 
     def _serve(self, args: argparse.Namespace) -> int:
+        catch_stop_signals()
         paths = setup_from_args(args)
         for noisy in ("httpx2", "httpx", "httpcore"):  # one line per API request is too much at INFO
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
