@@ -19,9 +19,11 @@ import logging
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from accel_core.hostfiles import HostValueError, describe, parse_int
@@ -221,6 +223,25 @@ def setup_from_args(args: argparse.Namespace, *, serving: bool = True) -> HostPa
     paths = resolve_paths(args)
     check_roots(paths, kubelet=serving)
     return paths
+
+
+def not_a_directory(settings: Sequence[tuple[str, Path]]) -> str | None:
+    """One line for the first ``(setting, path)`` where a directory must be made or used but a file is in the way
+    (``KUBELET_ROOT=/dev/null``, ``--cdi-root`` naming a file), else None. A path that does not exist yet is fine
+    (it is made); the first part of it that exists must be a directory."""
+    for name, path in settings:
+        for part in (path, *path.parents):
+            try:
+                st = os.stat(part)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # not there yet (or below a file: the part that exists says which)
+            except OSError as exc:
+                return f"{name} {path}: {part}: {exc.strerror}"
+            if not stat.S_ISDIR(st.st_mode):
+                where = "" if part == path else f" ({part} is not a directory)"
+                return f"{name} {path} is not a directory{where}"
+            break
+    return None
 
 
 def check_roots(paths: HostPaths, *, kubelet: bool = True) -> None:

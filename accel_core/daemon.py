@@ -1,4 +1,10 @@
-"""Run a daemon's main coroutine on one event loop until SIGTERM or SIGINT, then let it clean up."""
+"""Run a daemon's main coroutine on one event loop until SIGTERM, SIGINT or SIGHUP, then let it clean up.
+
+SIGHUP is a clean stop like SIGTERM (no reload: a daemon's settings are its flags and environment, so a restart
+by the DaemonSet is the reload). A daemon calls :func:`catch_stop_signals` first thing on its serve path: from
+then on a stop signal is remembered instead of killing the process, so it can never die between creating a
+socket and removing it; :func:`run_daemon` acts on a remembered one at once.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,36 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from accel_core.instancelock import InstanceConflict
 from accel_core.logs import kv
 from accel_core.paths import SocketPathError
 
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+_caught: list[signal.Signals] = []
+
+
+def catch_stop_signals() -> None:
+    """Remember SIGTERM, SIGINT and SIGHUP from now on instead of dying of them (until :func:`run_daemon`'s loop
+    takes them over): call it before anything that creates a socket."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _remember)
+
+
+def _remember(signum: int, frame: object) -> None:
+    _caught.append(signal.Signals(signum))
 
 
 def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> int:
-    """Call ``main(stop)``; ``stop`` is set on SIGTERM/SIGINT. Returns the process exit code."""
+    """Call ``main(stop)``; ``stop`` is set on SIGTERM/SIGINT/SIGHUP. Returns the process exit code."""
+    catch_stop_signals()  # a no-op for a daemon that did it earlier; the loop's handlers replace these
+    log.info("running; SIGTERM, SIGINT and SIGHUP stop it cleanly", extra=kv(daemon=name))
+    if _caught:  # a stop signal came while starting: nothing is served yet, nothing to clean up
+        log.info("stopping before serving", extra=kv(daemon=name, signal=_caught[0].name))
+        return 0
 
     async def runner() -> None:
         stop = asyncio.Event()
@@ -28,8 +54,10 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
             log.info("stopping", extra=kv(daemon=name, signal=sig.name))
             stop.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, on_signal, sig)
+        if _caught:  # between the check above and the loop's handlers
+            on_signal(_caught[0])
         await main(stop)
 
     # Everything imported and built so far lives for the whole run: keep the collector from re-scanning it, which
@@ -46,5 +74,8 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
         return 130
     except SocketPathError as exc:
         log.error("cannot serve: shorten the directory flags", extra=kv(daemon=name, error=exc))
+        return 2
+    except InstanceConflict as exc:
+        log.error(f"not starting: {exc}", extra=kv(daemon=name))
         return 2
     return 0

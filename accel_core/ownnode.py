@@ -136,12 +136,13 @@ class OwnNode:
 def optional_client(kubeconfig: str | None, field_manager: str) -> AsyncClient | None:
     """An API client from ``kubeconfig``, else KUBECONFIG, else the in-cluster config; None (logged) when there is
     none, so a daemon that only labels its Node runs on without it."""
-    from lightkube import AsyncClient, KubeConfig
+    from lightkube import AsyncClient
     from lightkube.core.exceptions import ConfigError
 
+    from accel_core.kubeconfig import load_kubeconfig
+
     try:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-        return AsyncClient(config, field_manager=field_manager)
+        return AsyncClient(load_kubeconfig(kubeconfig), field_manager=field_manager)
     except (ConfigError, OSError, ValueError) as exc:
-        log.warning("no usable API server configuration: not updating our Node", extra=kv(error=exc))
+        log.warning(f"no usable API server configuration: not updating our Node: {exc}", extra=kv(error=exc))
         return None

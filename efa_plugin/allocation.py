@@ -107,12 +107,15 @@ class Topology:
         must_known = {m for m in must if m in self.known}
         must_unknown = [m for m in must if m not in self.known]
         need = size - len(must_unknown)
-        best = self._options(self.top, free & self.known, must_known, need)[need]
+        known_free = free & self.known
+        # the programme's work grows with need squared: more than the free known devices cannot be met anyway
+        best = self._options(self.top, known_free, must_known, need)[need] if need <= len(known_free) else None
         # not enough known devices: take all of them, then unknown ones in order
-        chosen = list(best[1]) if best is not None else sorted(free & self.known)
+        chosen = list(best[1]) if best is not None else sorted(known_free)
         result = must_unknown + chosen
         if len(result) < size:
-            result += sorted(a for a in dict.fromkeys(available) if a not in self.known and a not in result)
+            taken = set(result)
+            result += sorted(a for a in dict.fromkeys(available) if a not in self.known and a not in taken)
         return result[:size]
 
     # -- the dynamic programme -----------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
     efa-device-plugin ls [--host-root DIR] [--output table|json]
 
 ``serve`` never exits for a node without EFA: it logs one line, advertises nothing, keeps watching and registers
-once devices appear. SIGTERM/SIGINT stop it cleanly (socket removed, exit status 0).
+once devices appear. SIGTERM, SIGINT and SIGHUP stop it cleanly (socket removed, exit status 0).
 
 Start-up registers first: this module imports only what serving and registering need; the scan, the policy,
 metrics and the watchers load once the kubelet has the registration (:func:`run_plugin`).
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from accel_core.cli import EnvArgumentParser, add_common_flags, seconds, setup_from_args
-from accel_core.daemon import run_daemon
+from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import kv
 from accel_core.paths import HostPaths
@@ -167,6 +167,7 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
 
 
 def _serve(args: argparse.Namespace) -> int:
+    catch_stop_signals()
     paths = setup_from_args(args)
     log.info("starting", extra=kv(daemon=DAEMON_NAME, resource=RESOURCE_NAME, socket=SOCKET_NAME,
                                   rescan_interval=args.rescan_interval,

@@ -32,6 +32,7 @@ import grpc
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginPolicy
 from accel_core.edits import ContainerEdits
 from accel_core.grpc_types import Ctx
+from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from accel_core.logs import kv
@@ -46,6 +47,11 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 REGISTER_TIMEOUT_S = 5.0
+#: the largest request the plugin socket reads: a kubelet call names at most a node's devices (IDs of at most 63
+#: characters), a few KB; gRPC's default of 4 MB let one call carry a million IDs
+MAX_REQUEST_BYTES = 256 * 1024
+#: how much of a bad ID an error message quotes
+MAX_ID_IN_ERROR = 64
 #: the directory watch's safety re-arm (inotify wakes it at once; this only covers a lost watch)
 RE_ARM_S = 30.0
 
@@ -129,11 +135,14 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     ) -> pb.PreferredAllocationResponse:
         out = pb.PreferredAllocationResponse()
         policy = await self._owner.loaded_policy(context)
-        for creq in request.container_requests:
+        for index, creq in enumerate(request.container_requests):
+            if index:
+                await asyncio.sleep(0)  # each container is bounded by the node; let other calls run between them
             try:
-                ids = policy.preferred(list(creq.available_deviceIDs), list(creq.must_include_deviceIDs),
-                                                   int(creq.allocation_size))
+                available, must, size = self._owner.bounded_preferred_request(index, creq)
+                ids = policy.preferred(available, must, size)
             except AllocationError as exc:
+                log.warning("preferred allocation refused", extra=kv(resource=self._owner.resource_name, error=exc))
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return out
@@ -144,13 +153,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         await owner.loaded_policy(context)
         start = time.perf_counter()
         out = pb.AllocateResponse()
-        for creq in request.container_requests:
-            ids = list(creq.devices_ids)
+        for index, creq in enumerate(request.container_requests):
+            if index:
+                await asyncio.sleep(0)
             try:
+                ids = owner.bounded_ids(f"Allocate container request {index}", "devices_ids", creq.devices_ids)
                 edits = owner.check_and_allocate(ids)
             except AllocationError as exc:
                 owner.metrics.allocations.labels(resource, "error").inc()
-                log.warning("allocate refused", extra=kv(resource=resource, ids=",".join(ids), error=exc))
+                log.warning("allocate refused", extra=kv(resource=resource, error=exc))
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             owner.metrics.allocations.labels(resource, "ok").inc()
             out.container_responses.append(edits_to_response(edits))
@@ -197,6 +208,7 @@ class DevicePluginServer:
             self._loaded.set()
         self._dir = paths.device_plugins_dir
         self._socket = self._dir / socket_name
+        self._lock = InstanceLock(self._dir, socket_name)
         self._kubelet_sock = paths.kubelet_socket
         self._retry = retry_interval
         self._devices: list[AdvertisedDevice] = []
@@ -295,6 +307,40 @@ class DevicePluginServer:
                 snapshot = list(self._devices)
             yield snapshot
 
+    def bounded_ids(self, where: str, field: str, ids: Sequence[str], *, drop_unknown: bool = False) -> list[str]:
+        """``ids`` if the node could have sent them: no more than the advertised devices (checked before reading
+        them), each one advertised (or, with ``drop_unknown``, the advertised ones only); else AllocationError
+        naming the request and the first bad ID."""
+        limit = len(self._by_id)
+        if len(ids) > limit:
+            raise AllocationError(f"{where}: {len(ids)} {field} for {self.resource_name}, more than the {limit} "
+                                  "devices this node advertises")
+        if drop_unknown:
+            return [device_id for device_id in ids if device_id in self._by_id]
+        for device_id in ids:
+            if device_id not in self._by_id:
+                raise AllocationError(f"{where}: unknown device ID {device_id[:MAX_ID_IN_ERROR]!r} in {field} for "
+                                      f"{self.resource_name}")
+        return list(ids)
+
+    def bounded_preferred_request(
+        self, index: int, creq: pb.ContainerPreferredAllocationRequest
+    ) -> tuple[list[str], list[str], int]:
+        """(available, must_include, size) of one container's preferred-allocation request, each bounded by the
+        devices this node advertises (AllocationError naming the request otherwise): the policy's work is then
+        bounded by the node, whatever the caller sent."""
+        where = f"GetPreferredAllocation container request {index}"
+        size = int(creq.allocation_size)
+        limit = len(self._by_id)
+        if not 0 <= size <= limit:
+            raise AllocationError(f"{where}: allocation_size {size} for {self.resource_name} is not within the "
+                                  f"{limit} devices this node advertises")
+        # an ID the list no longer has (changed since the kubelet read it) is not offered; a must-include one is an
+        # error: the answer must hold it, and it is not ours to hand out
+        available = self.bounded_ids(where, "available_deviceIDs", creq.available_deviceIDs, drop_unknown=True)
+        must = self.bounded_ids(where, "must_include_deviceIDs", creq.must_include_deviceIDs)
+        return available, must, size
+
     def check_and_allocate(self, ids: Sequence[str]) -> ContainerEdits:
         """Validate IDs against the advertised list (unknown or unhealthy -> AllocationError), then allocate."""
         by_id = self._by_id
@@ -318,6 +364,8 @@ class DevicePluginServer:
         """Serve, register and keep both alive until ``stop`` is set; then remove the socket."""
         try:
             await self.refresh()
+            if stop.is_set():  # stopped while starting: serve nothing
+                return
             await self._reconcile_logged()  # serve and register before the watcher is even loaded
             self.first_round.set()
             from accel_core.watch import ChangeWatcher
@@ -336,11 +384,14 @@ class DevicePluginServer:
             self.first_round.set()
             self._watcher = None
             await self._stop_server()
+            self._lock.release()
             log.info("device plugin stopped", extra=kv(resource=self.resource_name))
 
     async def _reconcile_logged(self) -> None:
         try:
             await self._reconcile()
+        except InstanceConflict:
+            raise  # another process serves this socket: stop, never delete its socket
         except Exception:  # a daemon never dies for one bad round; the next wake-up retries
             log.exception("device plugin reconcile failed; retrying", extra=kv(resource=self.resource_name))
             await self._stop_server()
@@ -356,6 +407,7 @@ class DevicePluginServer:
         if not self._dir.is_dir():
             self._note(f"kubelet device-plugin directory {self._dir} does not exist; waiting for it")
             return
+        self._lock.acquire()  # before serving removes a socket of our name (InstanceConflict if another has it)
         if self._server is None or _identity(self._socket) != self._socket_id:
             if self._server is not None:
                 log.warning("plugin socket vanished (kubelet restart?); serving again",
@@ -376,7 +428,7 @@ class DevicePluginServer:
         self._mark_unregistered()
         with contextlib.suppress(FileNotFoundError):
             self._socket.unlink()
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
         try:
             check_socket_path(self._socket)
@@ -463,3 +515,9 @@ async def register_first(servers: Sequence[DevicePluginServer], stop: asyncio.Ev
     finally:
         done.cancel()
         stopping.cancel()
+    tasks = [server.start(stop) for server in servers]
+    failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+    if failed:  # e.g. another instance serves our socket: stop the others, do not load the driver
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise failed[0].exception()  # type: ignore[misc]

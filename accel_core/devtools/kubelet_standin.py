@@ -136,8 +136,8 @@ class KubeletStandIn:
         if self._server is not None:
             await self._server.stop(None)
             self._server = None
-        for entry in self.dp_dir.iterdir():
-            if entry.name != "kubelet_internal_checkpoint":
+        for entry in self.dp_dir.iterdir():  # files, not sub-directories, as the kubelet's clean-up does
+            if entry.name != "kubelet_internal_checkpoint" and not entry.is_dir():
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
         await self.start()

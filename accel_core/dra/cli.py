@@ -20,11 +20,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import yaml
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
@@ -36,6 +37,7 @@ from accel_core.cli import (
     add_logging_flags,
     choice,
     node_name,
+    not_a_directory,
     port_or_disabled,
     safe_stdout,
     seconds,
@@ -43,7 +45,7 @@ from accel_core.cli import (
     setup_from_args,
     uid,
 )
-from accel_core.daemon import run_daemon
+from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.instance import DuplicateInstance, InstanceLock
@@ -57,9 +59,21 @@ from accel_core.dra.service import (
     dra_driver_version,
 )
 from accel_core.dra.slices import SlicePublisher, build_slices
+from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
+from accel_core.kubeconfig import setting as kubeconfig_setting
 from accel_core.logs import kv, setup_logging
 from accel_core.metrics import serve_metrics
-from accel_core.paths import ENV_NODE_NAME, ENV_POD_UID, add_path_flags, resolve_paths
+from accel_core.paths import (
+    ENV_CDI_ROOT,
+    ENV_KUBELET_ROOT,
+    ENV_NODE_NAME,
+    ENV_PLUGINS_DIR,
+    ENV_POD_UID,
+    ENV_REGISTRAR_DIR,
+    HostPaths,
+    add_path_flags,
+    resolve_paths,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +148,9 @@ class DriverCli:
         if args.command == "remove-slices":
             try:
                 return self._remove(args)
+            except KubeconfigError as exc:
+                print(f"{self.prog} remove-slices: error: {exc}", file=sys.stderr)
+                return 2
             except ConfigError as exc:
                 print(f"{self.prog}: {exc}", file=sys.stderr)
                 return 1
@@ -154,9 +171,21 @@ class DriverCli:
         return 0
 
     def _serve(self, args: argparse.Namespace) -> int:
+        catch_stop_signals()
         paths = setup_from_args(args)
         for noisy in ("httpx2", "httpx", "httpcore"):  # one line per API request is too much at INFO
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+        bad_dir = not_a_directory(directory_settings(paths))
+        config: SingleConfig | None = None
+        try:
+            config = kube_config(args.kubeconfig)
+        except KubeconfigError as exc:  # a file is named but it is no kubeconfig: a setting to fix
+            bad_dir = bad_dir or str(exc)
+        except (ConfigError, OSError, ValueError) as exc:
+            log.error("no usable API server configuration", extra=kv(error=exc))
+        if bad_dir is not None:
+            print(f"{self.prog} serve: error: {bad_dir}", file=sys.stderr)
+            return 2
         registry = CollectorRegistry()
         serve_metrics(registry, args.metrics_port, args.metrics_address)
         profile = self.profile()
@@ -172,15 +201,15 @@ class DriverCli:
             return 2
 
         async def main(stop: asyncio.Event) -> None:
-            client: AsyncClient | None
+            client: AsyncClient | None = None
             claim_get: DirectClaimGet | None = None
-            try:
-                config = kube_config(args.kubeconfig)
-                client = kube_client(config, self.prog)
-                claim_get = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)
-            except (ConfigError, OSError, ValueError) as exc:
-                log.error("no usable API server configuration", extra=kv(error=exc))
-                client = None
+            if config is not None:
+                try:
+                    client = kube_client(config, self.prog)
+                    claim_get = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)
+                except (ConfigError, OSError, ValueError) as exc:
+                    log.error("no usable API server configuration", extra=kv(error=exc))
+                    client = None
             service = DraService(profile, paths, node_name=args.node_name, client=client, claim_get=claim_get,
                                  pod_uid=args.pod_uid,
                                  healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
@@ -234,11 +263,31 @@ API_KEEPALIVE_SECONDS = 60.0
 
 
 def kube_config(kubeconfig: str | None) -> SingleConfig:
-    """The current context of ``kubeconfig`` (else KUBECONFIG, ~/.kube/config or in-cluster)."""
-    config = (KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()).get()
+    """The current context of ``kubeconfig`` (else KUBECONFIG, ~/.kube/config or in-cluster); KubeconfigError for
+    a file that is no kubeconfig."""
+    loaded = load_kubeconfig(kubeconfig)
+    try:
+        config = loaded.get()
+    except ConfigError:
+        raise
+    except Exception:  # a document with the keys but not their shapes
+        raise KubeconfigError(f"{kubeconfig_setting(kubeconfig)}: not a usable kubeconfig (malformed context)") \
+            from None
     if config is None or config.user is None:
         raise ConfigError("the kubeconfig has no current context with a cluster and a user")
     return config
+
+
+def directory_settings(paths: HostPaths) -> list[tuple[str, Path]]:
+    """The directories serve makes or writes in, each with the setting that names it."""
+    out = [(f"--cdi-root (env {ENV_CDI_ROOT})", paths.cdi_root)]
+    if paths.registrar_dir is None or paths.plugins_dir is None:  # one of them lives under the kubelet root
+        out.append((f"--kubelet-root (env {ENV_KUBELET_ROOT})", paths.kubelet_root))
+    if paths.registrar_dir is not None:
+        out.append((f"--registrar-dir (env {ENV_REGISTRAR_DIR})", paths.registrar_dir))
+    if paths.plugins_dir is not None:
+        out.append((f"--plugins-dir (env {ENV_PLUGINS_DIR})", paths.plugins_dir))
+    return out
 
 
 def kube_client(config: SingleConfig, field_manager: str) -> AsyncClient:

@@ -22,7 +22,7 @@ from accel_core.cli import (
     seconds_or_zero,
     setup_from_args,
 )
-from accel_core.daemon import run_daemon
+from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import setup_logging
 from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_paths
@@ -87,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(inventory_table(inv, blocked))
         return 0
+    catch_stop_signals()
     paths = setup_from_args(args)
     options = ServeOptions(
         rescan_interval=max(0.05, args.rescan_interval),

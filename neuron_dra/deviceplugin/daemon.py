@@ -15,6 +15,7 @@ from accel_core.logs import kv
 from accel_core.metrics import CallbackCollector, serve_metrics
 from accel_core.ownnode import OwnNode, optional_client
 from accel_core.paths import HostPaths
+from accel_core.tasks import logged_task
 from accel_core.watch import STOP, wake
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.node import NeuronNode
@@ -47,7 +48,7 @@ class Refresher:
         if self._task is not None and not self._task.done():
             self._again = True
             return
-        self._task = asyncio.get_running_loop().create_task(self._refresh())
+        self._task = logged_task(self._refresh(), "device list refresh")
 
     async def _refresh(self) -> None:
         await asyncio.sleep(self._delay)
@@ -136,16 +137,16 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     if early is not None:  # advertise only now, knowing what pods hold
         for server, policy in zip(early, policies, strict=True):
             await server.attach(policy, registry)
-    poll_task = asyncio.create_task(poller.run(stop))
-    own_task = asyncio.create_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop))
+    poll_task = logged_task(poller.run(stop), "PodResources poller")
+    own_task = logged_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop), "Node publisher")
     try:
         await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
                                    rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",),
                                    health_files=node.health_files, poll_interval=options.health_poll_interval)
     finally:
         stop.set()
-        await poll_task
-        await own_task
+        # a task that died was logged when it did (logged_task); its error must not hide this shutdown
+        await asyncio.gather(poll_task, own_task, return_exceptions=True)
         if own.client is not None:
             await own.client.close()
         if http is not None:

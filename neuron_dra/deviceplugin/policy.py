@@ -62,6 +62,12 @@ def parse_ids(ids: Sequence[str], resource: str, limit: int) -> list[int]:
     return out
 
 
+def check_size(size: int, resource: str, limit: int) -> None:
+    """AllocationError unless ``size`` is within the ``limit`` IDs this node has for ``resource``."""
+    if not 0 <= size <= limit:
+        raise AllocationError(f"{resource}: allocation size {size} is not within the {limit} IDs on this node")
+
+
 class _Base:
     resource_name: str
     socket_name: str
@@ -100,6 +106,7 @@ class NeuronDevicePolicy(_Base):
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         inv = self.node.inventory
         limit = len(inv.devices)
+        check_size(size, NEURON, limit)
         avail = parse_ids(available, NEURON, limit)
         must = parse_ids(must_include, NEURON, limit)
         busy = self.node.devices_used_by_cores()
@@ -143,6 +150,7 @@ class NeuronCorePolicy(_Base):
         inv = self.node.inventory
         per = self.node.cores_per_device
         limit = inv.total_logical_cores()
+        check_size(size, NEURONCORE, limit)
         avail = parse_ids(available, NEURONCORE, limit)
         must = parse_ids(must_include, NEURONCORE, limit)
         busy = self.node.devices_used_whole()

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 from lightkube.core.exceptions import ConfigError
 from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client import CollectorRegistry
 
 from accel_core.cli import EnvArgumentParser, add_logging_flags, ip_address, port, safe_stdout, seconds
 from accel_core.daemon import run_daemon
+from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.logs import kv, setup_logging
 from accel_core.metrics_http import serve_metrics
 from neuron_dra.deviceusage import USAGE_ANNOTATION
@@ -100,8 +101,7 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def _client(kubeconfig: str | None) -> AsyncClient:
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    return AsyncClient(config, field_manager=PROG)
+    return AsyncClient(load_kubeconfig(kubeconfig), field_manager=PROG)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -111,6 +111,13 @@ def _serve(args: argparse.Namespace) -> int:
     except TlsConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    try:
+        load_kubeconfig(args.kubeconfig)
+    except KubeconfigError as exc:  # a file is named but it is no kubeconfig: a setting to fix
+        print(f"{PROG} serve: error: {exc}", file=sys.stderr)
+        return 2
+    except (ConfigError, OSError, ValueError):
+        pass  # none at all: serve logs it and runs without counting bound pods
     registry = CollectorRegistry()
     metrics = serve_metrics(registry, args.metrics_port, args.metrics_address)
 

@@ -92,7 +92,7 @@ def daemonset_pods(kube_client: Client, namespace: str, labels: Mapping[str, str
     return out
 
 
-def slice_for(node: str, driver: str = "neuron.aws.com") -> Any:
+def slice_for(node: str, driver: str = "neuron.aws.com", pool: str | None = None) -> Any:
     return codecs.from_dict(
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -101,7 +101,7 @@ def slice_for(node: str, driver: str = "neuron.aws.com") -> Any:
             "spec": {
                 "driver": driver,
                 "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "pool": {"name": pool or node, "generation": 1, "resourceSliceCount": 1},
                 "devices": [{"name": "neuron-device-0", "attributes": {"index": {"int": 0}}}],
             },
         }
@@ -234,6 +234,15 @@ def check_slice_writes(
 
     message = refusal(lambda: driver.create(slice_for(node_a, driver="other.example.com")))
     assert "only write ResourceSlices of driver neuron.aws.com" in message
+
+    # issue 25 item 9: node A's token may not put a slice of its own node into node B's pool (the API server keeps
+    # a pool name from changing), nor delete one someone else put there
+    message = refusal(lambda: driver.create(slice_for(node_a, pool=node_b)))
+    assert f"may only write ResourceSlices in its own node's pool '{node_a}', not in pool '{node_b}'" in message
+    odd: Any = admin.create(slice_for(node_a, pool=node_b))  # one the admin put into B's pool on A
+    admin_slices.append(odd.metadata.name)
+    assert f"may only change ResourceSlices in its own node's pool '{node_a}', not in pool '{node_b}'" in refusal(
+        lambda: driver.delete(ResourceSlice, odd.metadata.name))
 
     theirs: Any = admin.create(slice_for(node_b))
     admin_slices.append(theirs.metadata.name)

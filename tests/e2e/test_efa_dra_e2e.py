@@ -334,6 +334,12 @@ def test_driver_credentials_allow_only_what_the_code_uses(
         made.spec.pool.generation = 2
         limited.replace(made)
         limited.delete(ResourceSlice, name)
+        # issue 25 item 9: the admission policy keeps the node's token to its own node's pool
+        elsewhere = {**mine, "spec": {**mine["spec"], "pool": {"name": "another-node", "generation": 1,
+                                                               "resourceSliceCount": 1}}}
+        with pytest.raises(ApiError) as denied_pool:
+            limited.create(codecs.from_dict(elsewhere))  # type: ignore[call-overload]
+        assert f"its own node's pool '{node}', not in pool 'another-node'" in str(denied_pool.value.status.message)
 
         # everything else is refused by the API server's authorizer
         refused: list[tuple[str, Callable[[], Any]]] = [

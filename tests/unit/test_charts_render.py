@@ -198,6 +198,10 @@ def test_seed_dra_install_admission_policy_limits_slices_to_own_node(seed_dra: R
     assert "variables.sliceDriver == 'neuron.aws.com'" in checks
     assert any("variables.newNode == variables.driverNode" in c for c in checks)
     assert any("variables.oldNode == variables.driverNode" in c for c in checks)
+    # issue 25 item 9: the pool must be the node's own too (tests/e2e/test_charts_install.py proves it)
+    assert "object.spec.?pool.?name" in variables["newPool"]
+    assert any("variables.newPool == variables.driverNode" in c for c in checks)
+    assert any("variables.oldPool == variables.driverNode" in c for c in checks)
     binding = seed_dra.get("ValidatingAdmissionPolicyBinding", "neuron-dra-driver-resourceslices")
     assert binding["spec"] == {"policyName": "neuron-dra-driver-resourceslices", "validationActions": ["Deny"]}
 

@@ -204,3 +204,19 @@ def test_remembered_answers_equal_fresh_ones_and_cannot_be_altered_by_callers() 
         fresh = Topology(catalog_devices("p5.48xlarge")).preferred(available, must, size)
         assert again == fresh, (available, must, size)
         assert set(must) <= set(again) and len(again) == size
+
+
+def test_an_impossible_size_is_not_programmed(p5: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 item 3: the programme's tables grow with the size asked (1e6 took 5.65 s, 2**31-1 ~23 GB); more
+    than the free devices cannot be met, so it is not run, and the answer is every device."""
+    original = Topology._options
+    ids = sorted(p5.known)
+
+    def spy(self: Topology, node: object, free: set[str], must: set[str], cap: int) -> object:
+        assert cap <= len(ids), f"programme run for {cap} devices"  # before its tables are built
+        return original(self, node, free, must, cap)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Topology, "_options", spy)
+    assert p5.preferred(ids, [], 2**31 - 1) == ids
+    assert p5.preferred(ids[:5] + ["zz"], [], 10**6) == [*ids[:5], "zz"]
+    assert p5.preferred(ids, [], 4) == p5.preferred(ids, [], 4)

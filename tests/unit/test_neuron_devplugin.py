@@ -294,3 +294,14 @@ def test_ls_without_hardware(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["ls", "--host-root", str(fake.root)]) == 0
     out = capsys.readouterr().out
     assert "no Neuron devices found" in out and "aws.amazon.com/neuron=0 aws.amazon.com/neuroncore=0" in out
+
+
+def test_sizes_beyond_the_node_are_refused(tmp_path: Path) -> None:
+    """Issue 25 item 3: the policies bound the size by the node too, not only the server."""
+    _, _, dev, core = make(tmp_path, "trn1.32xlarge")
+    everything = [str(i) for i in range(16)]
+    for size in (17, 10**6, -1):
+        with pytest.raises(AllocationError, match=f"allocation size {size} is not within the 16 IDs"):
+            dev.preferred(everything, [], size)
+    with pytest.raises(AllocationError, match="allocation size 33 is not within the 32 IDs"):
+        core.preferred([str(i) for i in range(32)], [], 33)

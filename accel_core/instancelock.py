@@ -1,0 +1,88 @@
+"""One device-plugin instance per resource on a node: an exclusive ``flock`` on a per-socket lock file.
+
+Two instances of the same plugin on one node delete each other's sockets and re-register forever. Before a server
+serves (and so before it removes a socket of that name) it takes ``<device-plugins dir>/LOCK_DIR/<socket>.lock``;
+if another process holds it, the server stops with :class:`InstanceConflict` naming that process (its pid is in
+the file), and the daemon exits 2.
+
+The lock files live in a sub-directory because the kubelet, when it starts, deletes the files in the
+device-plugins directory but not its sub-directories. The kernel drops a ``flock`` when its holder exits, however
+it exits, so a lock file left by a dead process never blocks a restart; the files are therefore never removed
+(removing one would let two processes lock two different files of the same name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from accel_core.hostfiles import parse_index
+
+#: the sub-directory of the device-plugins directory that holds the lock files
+LOCK_DIR = ".aws-accel-agents-locks"
+_PID_BYTES = 32
+
+
+class InstanceConflict(Exception):
+    """Another process serves the same device-plugin socket on this node."""
+
+
+class InstanceLock:
+    """The lock for one socket name; :meth:`acquire` again after the file was replaced re-takes it."""
+
+    def __init__(self, device_plugins_dir: Path, socket_name: str) -> None:
+        self.path = device_plugins_dir / LOCK_DIR / f"{socket_name}.lock"
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock (a no-op while held and the file is still ours); InstanceConflict naming the holder."""
+        if self._fd is not None:
+            if _same_file(self._fd, self.path):
+                return
+            self.release()  # the file was removed or replaced: the lock on the old one protects nothing
+        self.path.parent.mkdir(exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f"pid {holder}" if holder is not None else "another process"
+            raise InstanceConflict(f"another instance ({who}) holds {self.path}: it serves this socket "
+                                   "on this node") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (closing the file drops the flock); the file stays."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, _PID_BYTES, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return parse_index(text, maximum=1 << 22)  # pid_max is at most 2**22

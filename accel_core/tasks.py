@@ -1,0 +1,31 @@
+"""Background tasks that never die silently."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from accel_core.logs import kv
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def logged_task(coro: Coroutine[Any, Any, T], what: str) -> asyncio.Task[T]:
+    """``create_task(coro)`` whose failure is logged the moment it happens (with its traceback, naming ``what``),
+    not only when, or if, someone awaits it."""
+    task = asyncio.get_running_loop().create_task(coro, name=what)
+    task.add_done_callback(_report)
+    return task
+
+
+def _report(task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("background task died; the daemon carries on without it", exc_info=exc,
+                  extra=kv(task=task.get_name(), error=exc))
