@@ -111,6 +111,10 @@ class DriverCli:
                                help="seconds between reads of the few health files that raise no event on sysfs: "
                                     "port state, error counters (env HEALTH_POLL_INTERVAL; default "
                                     f"{DEFAULT_HEALTH_POLL_INTERVAL:g})")
+        serve.add_env_argument("--registration-wait", env="REGISTRATION_WAIT", type=_non_negative, default=0.0,
+                               help="publish the ResourceSlices only once the kubelet has registered the plugin, "
+                                    "waiting at most this many seconds (env REGISTRATION_WAIT; default 0: at once; "
+                                    "the charts set 30)")
         serve.add_argument("--cleanup-interval", type=_non_negative, default=DEFAULT_CLEANUP_INTERVAL,
                            help="seconds between cleanups of stale prepared claims (also run at start); "
                                 "default 600, 0 disables")
@@ -218,7 +222,7 @@ class DriverCli:
                                  remove_slices_on_exit=args.remove_slices_on_exit,
                                  device_status=args.device_status == "on",
                                  taint_effect=args.unhealthy_taint_effect, registry=registry,
-                                 instance_lock=instance)
+                                 instance_lock=instance, registration_wait=args.registration_wait)
             try:
                 await service.run(stop)
             finally:

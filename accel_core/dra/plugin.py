@@ -209,6 +209,8 @@ class DraPlugin:
         self._dra_server: grpc.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.registration_status: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
+        #: Set once the kubelet has confirmed a registration of this process's sockets.
+        self.registered_once = asyncio.Event()
 
     @property
     def supported_versions(self) -> list[str]:
@@ -575,6 +577,7 @@ class _Registration(rp_grpc.RegistrationServicer):
         if request.plugin_registered:
             log.info("kubelet registered the DRA plugin", extra=kv(driver=self._p.driver))
             self._p.metrics.registered.labels(self._p.driver).set(1)
+            self._p.registered_once.set()
         else:
             log.error("kubelet REJECTED the DRA plugin registration; check the kubelet version and that DRA is on",
                       extra=kv(driver=self._p.driver, error=request.error))

@@ -100,8 +100,10 @@ class DraService:
         registry: CollectorRegistry | None = None,
         dra_version: str | None = None,
         instance_lock: InstanceLock | None = None,
+        registration_wait: float = 0.0,
     ) -> None:
         self.profile = profile
+        self.registration_wait = registration_wait
         self.driver_name = profile.driver_name
         self.paths = paths
         self.node_name = node_name
@@ -217,7 +219,7 @@ class DraService:
             await self.liveness.start()
         tasks: list[asyncio.Task[None]] = []
         if self.publisher is not None:
-            tasks.append(asyncio.create_task(self.publisher.run(stop)))
+            tasks.append(asyncio.create_task(self._publish(stop)))
         else:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
         if self.client is not None and (self.scan.node_labels or self.scan.node_annotations):
@@ -231,6 +233,25 @@ class DraService:
             await self._watch_host(stop)
         finally:
             await self._shutdown(tasks)
+
+    async def _publish(self, stop: asyncio.Event) -> None:
+        """Run the slice publisher; with ``registration_wait`` > 0, only once the kubelet has registered this plugin
+        (or that many seconds have passed). Slices published first let the scheduler bind a pod whose prepare the
+        kubelet then refuses ("DRA driver ... is not registered") and retries only some 15 s later."""
+        assert self.publisher is not None
+        if self.registration_wait > 0 and not self.plugin.registered_once.is_set():
+            waits = [asyncio.create_task(self.plugin.registered_once.wait()), asyncio.create_task(stop.wait())]
+            try:
+                await asyncio.wait(waits, timeout=self.registration_wait, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
+            if stop.is_set():
+                return
+            if not self.plugin.registered_once.is_set():
+                log.warning("the kubelet has not registered the plugin yet; publishing the ResourceSlices anyway",
+                            extra=kv(driver=self.driver_name, waited_seconds=self.registration_wait))
+        await self.publisher.run(stop)
 
     async def _watch_host(self, stop: asyncio.Event) -> None:
         async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,

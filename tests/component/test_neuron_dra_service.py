@@ -262,3 +262,63 @@ def test_restart_restores_claims_and_lost_specs(short_tmp: Path) -> None:
             await conn.close()
 
     asyncio.run(scenario())
+
+
+class _RecordingPublisher:
+    """Stands in for the slice publisher: records when it was started (the API server side is tested elsewhere)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    def set_devices(self, *_: object) -> None:
+        pass
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.started.set()
+        await stop.wait()
+
+
+def test_slices_wait_for_the_kubelet_to_register_the_plugin(short_tmp: Path) -> None:
+    """With a registration wait, nothing is published while the kubelet has not registered the plugin (the real
+    kubelet refuses a prepare for an unregistered driver, and the scheduler could place a pod on these slices);
+    the slices go out as soon as it has."""
+    rig = Rig(short_tmp)
+
+    async def scenario() -> None:
+        service = DraService(NeuronProfile(), rig.paths, node_name=NODE, client=None, pod_uid="pod-1",
+                             healthcheck_port=0, rescan_interval=0.2, registration_wait=30)
+        publisher = _RecordingPublisher()
+        service.publisher = publisher  # type: ignore[assignment]
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            await asyncio.wait_for(service.ready.wait(), 10)
+            await asyncio.sleep(1.0)
+            assert not publisher.started.is_set(), "published before the kubelet registered the plugin"
+            conn = await rig.standin.register_dra(DRIVER)
+            await asyncio.wait_for(publisher.started.wait(), 5)
+            await conn.close()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+
+
+def test_without_a_kubelet_the_slices_go_out_after_the_wait(short_tmp: Path) -> None:
+    rig = Rig(short_tmp)
+
+    async def scenario() -> None:
+        service = DraService(NeuronProfile(), rig.paths, node_name=NODE, client=None, pod_uid="pod-1",
+                             healthcheck_port=0, rescan_interval=0.2, registration_wait=0.5)
+        publisher = _RecordingPublisher()
+        service.publisher = publisher  # type: ignore[assignment]
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            await asyncio.wait_for(publisher.started.wait(), 10)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
