@@ -2,7 +2,7 @@
 containerd, helm install to DaemonSet Ready for each chart, pod create to Running for each workload kind, and each
 daemon's RSS inside its container (VmRSS of the container's process).
 
-    PYTHONPATH=. .venv/bin/python bench/bench_runtime.py
+    PYTHONPATH=. .venv/bin/python bench/bench_runtime.py [--keep]
 
 Needs root, `make kube` and `make image`. One control plane; nodes p5 (EFA chart) and trn2 (Neuron device plugin,
 then the Neuron DRA driver with the EFA DRA driver), each created twice: fakecri then containerd.
@@ -144,7 +144,8 @@ def main() -> int:
             print(f"helm install to DaemonSet Ready (Neuron DRA driver)    {time.perf_counter() - t0:6.1f} s")
             helm("upgrade", "--install", "efa-dra", str(EFA_CHART), "--namespace", "kube-system", *rig,
                  "--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true",
-                 "--set", f"fakeHost.path={trn2.layout.host_root}")
+                 "--set", f"fakeHost.path={trn2.layout.host_root}",
+                 "--set", "nodeSelector.kubernetes\\.io/hostname=rc-trn2")
             poll(lambda: ds_ready("kube-system", "aws-efa-k8s-device-plugin-dra-driver"), "EFA DRA DS")
             poll(lambda: {s.spec.driver for s in client.list(ResourceSlice) if s.spec.nodeName == "rc-trn2"}
                  >= {"neuron.aws.com", "efa.aws.com"}, "both drivers' slices")
@@ -163,7 +164,10 @@ def main() -> int:
         finally:
             for kn in (p5, trn2):
                 kn.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    if "--keep" in sys.argv:
+        print(f"node directories and logs kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
