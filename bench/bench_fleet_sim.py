@@ -137,8 +137,15 @@ def fresh_namespace(client: Client, name: str) -> None:
     raise TimeoutError(f"namespace {name}: no default service account after 60 s")
 
 
-def run_workload(clients: Clients, ns: str, template_path: Path, pods: int, timeout: float) -> dict[str, float]:
-    """Create ``pods`` pods at once; pods/s and create -> PodScheduled p50/p99 (ms)."""
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def run_workload(clients: Clients, ns: str, template_path: Path, pods: int, timeout: float,
+                 scheduler_pid: int) -> dict[str, float]:
+    """Create ``pods`` pods at once; pods/s, create -> PodScheduled p50/p99 (ms) and the scheduler's CPU ms per pod
+    (CPU time is what our slices cost it; wall time also carries whatever else the 2 shared cores are doing)."""
     client = clients.get()
     fresh_namespace(client, ns)
     template, claim = load_template(template_path)
@@ -170,30 +177,52 @@ def run_workload(clients: Clients, ns: str, template_path: Path, pods: int, time
         created[name] = time.perf_counter()
         clients.get().create(Pod.from_dict(pod_manifest(name, tname, claim)), namespace=ns)  # type: ignore[call-overload]
 
+    cpu0 = cpu_seconds(scheduler_pid)
     parallel(create, range(pods))
     done.wait(timeout)
     done.set()
+    cpu_ms = (cpu_seconds(scheduler_pid) - cpu0) * 1e3 / max(len(scheduled), 1)
     if not scheduled:
-        return {"scheduled": 0, "pods_s": 0.0, "p50": float("nan"), "p99": float("nan")}
+        return {"scheduled": 0, "pods_s": 0.0, "p50": float("nan"), "p99": float("nan"), "cpu_ms": float("nan")}
     lat = sorted((scheduled[n] - created[n]) * 1e3 for n in scheduled)
     span = max(scheduled.values()) - min(created.values())
     return {"scheduled": len(scheduled), "pods_s": len(scheduled) / span, "p50": statistics.median(lat),
-            "p99": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]}
+            "p99": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))], "cpu_ms": cpu_ms}
 
 
-def clean_namespace(clients: Clients, ns: str) -> None:
-    """Force-delete the pods, then wait for their claims to go (so the devices are free again)."""
+def clean_namespace(clients: Clients, ns: str) -> int:
+    """Force-delete the pods, then wait for their claims to go (so the devices are free again); claims left."""
     client = clients.get()
     for pod in client.list(Pod, namespace=ns):
         if pod.metadata and pod.metadata.name:
             client.delete(Pod, pod.metadata.name, namespace=ns, grace_period=0)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and any(True for _ in client.list(ResourceClaim, namespace=ns)):
+    left = len(list(client.list(ResourceClaim, namespace=ns)))
+    while left and time.monotonic() < deadline:
         time.sleep(0.5)
+        left = len(list(client.list(ResourceClaim, namespace=ns)))
+    return left
 
 
 def rss_gib(cp: ControlPlane) -> str:
     return ", ".join(f"{name} {psutil.Process(pid).memory_info().rss / 2**30:.2f}" for name, pid in cp.pids().items())
+
+
+def summarise(results: list[tuple[str, dict[str, float]]]) -> None:
+    """Per shape, the medians over its runs and their ratio to the minimal shape's."""
+    by_shape: dict[str, dict[str, float]] = {}
+    for shape in dict(results):
+        runs = [r for s, r in results if s == shape]
+        by_shape[shape] = {k: statistics.median(r[k] for r in runs) for k in ("pods_s", "p50", "p99", "cpu_ms")}
+    base = by_shape.get("minimal")
+    for shape, med in by_shape.items():
+        line = (f"  median {shape:20s} {med['pods_s']:5.1f} pods/s, p50 {med['p50']:5.0f} ms, "
+                f"p99 {med['p99']:5.0f} ms, "
+                f"scheduler CPU {med['cpu_ms']:4.0f} ms/pod")
+        if base and med["pods_s"] and med["cpu_ms"]:
+            line += (f"; vs minimal: time per pod x{base['pods_s'] / med['pods_s']:.2f}, "
+                     f"scheduler CPU per pod x{med['cpu_ms'] / base['cpu_ms']:.2f}")
+        print(line)
 
 
 def main() -> int:
@@ -204,6 +233,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="ours,minimal", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--workload", default=None, help="claim template example (default: the mix's)")
     parser.add_argument("--client-qps", type=int, default=500, help="scheduler/controller-manager API QPS")
+    parser.add_argument("--repeat", type=int, default=1, help="run the list of shapes this many times, in turn")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one workload")
     args = parser.parse_args()
     shapes = args.shapes.split(",")
@@ -229,21 +259,19 @@ def main() -> int:
         print(f"{args.nodes} {instance_type} nodes created in {t_nodes:.1f} s; workload {workload.name}, "
               f"{args.pods} pods; slices per node: {', '.join(k.driver for k in kinds)}", flush=True)
         results: list[tuple[str, dict[str, float]]] = []
-        for i, shape in enumerate(shapes):
+        for i, shape in enumerate(shapes * args.repeat):
             t_pub = publish(clients, nodes, kinds, shape)
             time.sleep(3)  # let the scheduler's informers catch up
-            res = run_workload(clients, f"run-{i}", workload, args.pods, args.timeout)
+            res = run_workload(clients, f"run-{i}", workload, args.pods, args.timeout, cp.pids()["kube-scheduler"])
             results.append((shape, res))
-            print(f"  {shape:20s} slices published {t_pub:6.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
-                  f"{res['pods_s']:6.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms p99 {res['p99']:5.0f} ms",
-                  flush=True)
-            clean_namespace(clients, f"run-{i}")
+            print(f"  {shape:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
+                  f"{res['pods_s']:5.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms p99 {res['p99']:5.0f} ms, "
+                  f"scheduler CPU {res['cpu_ms']:4.0f} ms/pod", flush=True)
+            left = clean_namespace(clients, f"run-{i}")
+            if left:
+                print(f"  warning: {left} claims of run-{i} still exist 120 s after their pods were deleted")
         print(f"  RSS GiB: {rss_gib(cp)}")
-        base = dict(results).get("minimal")
-        if base and base["pods_s"]:
-            for shape, res in results:
-                if res["pods_s"]:
-                    print(f"  {shape:20s} time per pod vs minimal: x{base['pods_s'] / res['pods_s']:.2f}")
+        summarise(results)
     print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     return 0
 
