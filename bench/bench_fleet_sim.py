@@ -22,21 +22,14 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import psutil
 import yaml
+from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods
 from fleet_shapes import SHAPES, NodeDevices, reshape, scan_devices
-from lightkube import Client, KubeConfig
-from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Namespace, Node, NodeStatus, Pod, ServiceAccount
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
-from lightkube.types import PatchType
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
@@ -47,54 +40,7 @@ MIXES: dict[str, tuple[str, bool, str]] = {  # instance type, EFA slices, defaul
     "trn2-efa": ("trn2.48xlarge", True, "examples/efa-dra/trn2-4-neurons-with-their-efa.yaml"),
     "p5": ("p5.48xlarge", True, "examples/efa-dra/p5-4-efa-one-pcie-root.yaml"),
 }
-NODE_RESOURCES = {"trn2.48xlarge": {"cpu": "192", "memory": "2048Gi", "pods": "110"},
-                  "p5.48xlarge": {"cpu": "192", "memory": "2048Gi", "pods": "110"}}
 DEVICE_CLASSES = {"neuron.aws.com": "neuron.aws.com", "efa.networking.k8s.aws": "efa.aws.com"}
-WORKERS = 16
-
-
-class Clients:
-    """One lightkube Client per thread (the pools below share nothing)."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self._config = KubeConfig.from_file(kubeconfig)
-        self._local = threading.local()
-
-    def get(self) -> Client:
-        client: Client | None = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = Client(self._config, field_manager="bench-fleet-sim")
-        return client
-
-
-def parallel(fn: Callable[[Any], object], items: Iterable[Any]) -> float:
-    """Run ``fn`` over ``items`` on the worker pool; seconds taken."""
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(WORKERS) as pool:
-        for _ in pool.map(fn, items):
-            pass
-    return time.perf_counter() - t0
-
-
-def node_labels(name: str, instance_type: str, index: int) -> dict[str, str]:
-    zone = "us-east-2" + "abc"[index % 3]
-    return {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-            "node.kubernetes.io/instance-type": instance_type, "beta.kubernetes.io/instance-type": instance_type,
-            "topology.kubernetes.io/region": "us-east-2", "topology.kubernetes.io/zone": zone,
-            "eks.amazonaws.com/nodegroup": instance_type.replace(".", "-"),
-            "eks.amazonaws.com/capacityType": "ON_DEMAND"}
-
-
-def create_node(clients: Clients, name: str, instance_type: str, index: int) -> None:
-    """A Ready, untainted Node with no kubelet (as ``ControlPlane.create_fake_node``, on a shared client)."""
-    client = clients.get()
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    res = NODE_RESOURCES[instance_type]
-    client.create(Node.from_dict({"metadata": {"name": name, "labels": node_labels(name, instance_type, index)}}))  # type: ignore[call-overload]
-    client.patch(NodeStatus, name, {"status": {"capacity": res, "allocatable": res, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node (no kubelet)",
-         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}, patch_type=PatchType.MERGE)
-    client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
 
 
 def publish(clients: Clients, nodes: list[str], kinds: list[NodeDevices], shape: str) -> float:
@@ -125,87 +71,28 @@ def pod_manifest(name: str, template: str, claim: str) -> dict[str, Any]:
                      "terminationGracePeriodSeconds": 0}}
 
 
-def fresh_namespace(client: Client, name: str) -> None:
-    client.create(Namespace.from_dict({"metadata": {"name": name}}))  # type: ignore[call-overload]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the controller-manager makes the service account admission looks up
-        try:
-            client.get(ServiceAccount, "default", namespace=name)
-            return
-        except ApiError:
-            time.sleep(0.2)
-    raise TimeoutError(f"namespace {name}: no default service account after 60 s")
-
-
-def cpu_seconds(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 def run_workload(clients: Clients, ns: str, template_path: Path, pods: int, timeout: float,
                  scheduler_pid: int) -> dict[str, float]:
-    """Create ``pods`` pods at once; pods/s, create -> PodScheduled p50/p99 (ms) and the scheduler's CPU ms per pod
-    (CPU time is what our slices cost it; wall time also carries whatever else the 2 shared cores are doing)."""
+    """The seed template's pods, ``pods`` of them created at once (see :func:`fleet_common.time_pods`)."""
     client = clients.get()
     fresh_namespace(client, ns)
     template, claim = load_template(template_path)
     tname = template["metadata"]["name"]
     client.create(ResourceClaimTemplate.from_dict(template), namespace=ns)  # type: ignore[call-overload]
-    scheduled: dict[str, float] = {}
-    created: dict[str, float] = {}
-    done = threading.Event()
-
-    def watch() -> None:
-        wc = clients.get()
-        for _, pod in wc.watch(Pod, namespace=ns):
-            conds = (pod.status.conditions if pod.status else None) or []
-            name = pod.metadata.name if pod.metadata else None
-            if name and name not in scheduled and any(c.type == "PodScheduled" and c.status == "True" for c in conds):
-                scheduled[name] = time.perf_counter()
-                if len(scheduled) >= pods:
-                    done.set()
-                    return
-            if done.is_set():
-                return
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    time.sleep(0.5)  # the watch is open before the first create
-
-    def create(i: int) -> None:
-        name = f"p-{i:05d}"
-        created[name] = time.perf_counter()
-        clients.get().create(Pod.from_dict(pod_manifest(name, tname, claim)), namespace=ns)  # type: ignore[call-overload]
-
-    cpu0 = cpu_seconds(scheduler_pid)
-    parallel(create, range(pods))
-    done.wait(timeout)
-    done.set()
-    cpu_ms = (cpu_seconds(scheduler_pid) - cpu0) * 1e3 / max(len(scheduled), 1)
-    if not scheduled:
-        return {"scheduled": 0, "pods_s": 0.0, "p50": float("nan"), "p99": float("nan"), "cpu_ms": float("nan")}
-    lat = sorted((scheduled[n] - created[n]) * 1e3 for n in scheduled)
-    span = max(scheduled.values()) - min(created.values())
-    return {"scheduled": len(scheduled), "pods_s": len(scheduled) / span, "p50": statistics.median(lat),
-            "p99": lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))], "cpu_ms": cpu_ms}
+    return time_pods(clients, ns, [pod_manifest(f"p-{i:05d}", tname, claim) for i in range(pods)], timeout,
+                     scheduler_pid)
 
 
 def clean_namespace(clients: Clients, ns: str) -> int:
     """Force-delete the pods, then wait for their claims to go (so the devices are free again); claims left."""
     client = clients.get()
-    for pod in client.list(Pod, namespace=ns):
-        if pod.metadata and pod.metadata.name:
-            client.delete(Pod, pod.metadata.name, namespace=ns, grace_period=0)
+    delete_pods(client, ns)
     deadline = time.monotonic() + 120
     left = len(list(client.list(ResourceClaim, namespace=ns)))
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
         left = len(list(client.list(ResourceClaim, namespace=ns)))
     return left
-
-
-def rss_gib(cp: ControlPlane) -> str:
-    return ", ".join(f"{name} {psutil.Process(pid).memory_info().rss / 2**30:.2f}" for name, pid in cp.pids().items())
 
 
 def summarise(results: list[tuple[str, dict[str, float]]]) -> None:
