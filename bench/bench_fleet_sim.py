@@ -4,11 +4,12 @@ labelled as real nodes of their instance type, and for each Node the ResourceSli
 
 Workload: ``--pods`` pods using one of the seed's claim templates (examples/), created at once. For each slice
 shape (``--shapes``: ``ours``, ``minimal`` = the same devices with only the attributes the workloads read, and
-the ``no-*`` variants that drop one part of ours) it prints pods/s (all pods / first create -> last PodScheduled)
-and the p50/p99 from each pod's create to its PodScheduled, seen on a watch. Between shapes the slices are
-replaced and the previous pods and claims deleted. The controller-manager and scheduler get a higher client QPS
-(``--client-qps``): at their defaults (20 and 50) the claim controller caps a DRA workload near 10 pods/s,
-whatever the slices look like.
+the ``no-*`` variants that drop one part of ours) it prints pods/s (all pods / first create -> last PodScheduled),
+the p50/p99 from each pod's create to its PodScheduled (seen on a watch) and the scheduler's CPU time per pod.
+``--prefill`` first places that many pods of the same workload, untimed (a half-full cluster). Between shapes the
+slices are replaced and the previous pods and claims deleted. The controller-manager and scheduler get a higher
+client QPS (``--client-qps``): at their defaults (20 and 50) the claim controller caps a DRA workload near
+10 pods/s, whatever the slices look like.
 
     .venv/bin/python bench/bench_fleet_sim.py --nodes 500 --mix trn2 --pods 200 --shapes ours,minimal
 
@@ -119,6 +120,8 @@ def main() -> int:
     parser.add_argument("--shapes", default="ours,minimal", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--workload", default=None, help="claim template example (default: the mix's)")
     parser.add_argument("--client-qps", type=int, default=500, help="scheduler/controller-manager API QPS")
+    parser.add_argument("--prefill", type=int, default=0,
+                        help="pods of the same workload placed first (untimed), e.g. half the fleet's capacity")
     parser.add_argument("--repeat", type=int, default=1, help="run the list of shapes this many times, in turn")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one workload")
     args = parser.parse_args()
@@ -148,14 +151,18 @@ def main() -> int:
         for i, shape in enumerate(shapes * args.repeat):
             t_pub = publish(clients, nodes, kinds, shape)
             time.sleep(3)  # let the scheduler's informers catch up
+            if args.prefill:
+                fill = run_workload(clients, f"fill-{i}", workload, args.prefill, args.timeout * 10,
+                                    cp.pids()["kube-scheduler"])
+                print(f"  {shape:20s} prefilled: {fill['scheduled']:.0f}/{args.prefill} pods placed", flush=True)
             res = run_workload(clients, f"run-{i}", workload, args.pods, args.timeout, cp.pids()["kube-scheduler"])
             results.append((shape, res))
             print(f"  {shape:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
                   f"{res['pods_s']:5.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms p99 {res['p99']:5.0f} ms, "
                   f"scheduler CPU {res['cpu_ms']:4.0f} ms/pod", flush=True)
-            left = clean_namespace(clients, f"run-{i}")
+            left = clean_namespace(clients, f"run-{i}") + (clean_namespace(clients, f"fill-{i}") if args.prefill else 0)
             if left:
-                print(f"  warning: {left} claims of run-{i} still exist 120 s after their pods were deleted")
+                print(f"  warning: {left} claims of run {i} still exist 120 s after their pods were deleted")
         print(f"  RSS GiB: {rss_gib(cp)}")
         summarise(results)
     print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
