@@ -1,0 +1,173 @@
+"""Fleet scale without kubelets: one real kube-apiserver, etcd, kube-scheduler and kube-controller-manager, N Nodes
+labelled as real nodes of their instance type, and for each Node the ResourceSlices our drivers would publish for it
+(built by the drivers' own scan and slice code, see :mod:`fleet_shapes`), created directly through the API.
+
+Workload: ``--pods`` pods using one of the seed's claim templates (examples/), created at once. For each slice
+shape (``--shapes``: ``ours``, ``minimal`` = the same devices with only the attributes the workloads read, and
+the ``no-*`` variants that drop one part of ours) it prints pods/s (all pods / first create -> last PodScheduled),
+the p50/p99 from each pod's create to its PodScheduled (seen on a watch) and the scheduler's CPU time per pod.
+``--prefill`` first places that many pods of the same workload, untimed (a half-full cluster). Between shapes the
+slices are replaced and the previous pods and claims deleted. The controller-manager and scheduler get a higher
+client QPS (``--client-qps``): at their defaults (20 and 50) the claim controller caps a DRA workload near
+10 pods/s, whatever the slices look like.
+
+    .venv/bin/python bench/bench_fleet_sim.py --nodes 500 --mix trn2 --pods 200 --shapes ours,minimal
+
+Mixes: ``trn2`` (trn2.48xlarge, Neuron slices), ``trn2-efa`` (plus its EFA slices), ``p5`` (p5.48xlarge, EFA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods
+from fleet_shapes import SHAPES, NodeDevices, reshape, scan_devices
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+
+from accel_core.devtools.controlplane import ControlPlane
+from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
+
+REPO = Path(__file__).resolve().parent.parent
+MIXES: dict[str, tuple[str, bool, str]] = {  # instance type, EFA slices, default workload
+    "trn2": ("trn2.48xlarge", False, "examples/neuron-dra/1x4-connected-neurons.yaml"),
+    "trn2-efa": ("trn2.48xlarge", True, "examples/efa-dra/trn2-4-neurons-with-their-efa.yaml"),
+    "p5": ("p5.48xlarge", True, "examples/efa-dra/p5-4-efa-one-pcie-root.yaml"),
+}
+DEVICE_CLASSES = {"neuron.aws.com": "neuron.aws.com", "efa.networking.k8s.aws": "efa.aws.com"}
+
+
+def publish(clients: Clients, nodes: list[str], kinds: list[NodeDevices], shape: str) -> float:
+    """Delete all slices, then create ``shape`` of our slices for every node; seconds for the creates."""
+    names = [s.metadata.name for s in clients.get().list(ResourceSlice) if s.metadata and s.metadata.name]
+    parallel(lambda name: clients.get().delete(ResourceSlice, name), names)  # one DELETE COLLECTION times out at 5,000
+
+    def one(node: str) -> None:
+        for kind in kinds:
+            for obj in reshape(kind.slices(node), shape):
+                clients.get().create(ResourceSlice.from_dict(obj))  # type: ignore[call-overload]
+    return parallel(one, nodes)
+
+
+def load_template(path: Path) -> tuple[dict[str, Any], str]:
+    """The ResourceClaimTemplate of a seed example and the claim name its pod uses."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    return template, pod["spec"]["resourceClaims"][0]["name"]
+
+
+def pod_manifest(name: str, template: str, claim: str) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"name": "app", "image": "busybox", "resources": {"claims": [{"name": claim}]}}],
+                     "resourceClaims": [{"name": claim, "resourceClaimTemplateName": template}],
+                     "terminationGracePeriodSeconds": 0}}
+
+
+def run_workload(clients: Clients, ns: str, template_path: Path, pods: int, timeout: float,
+                 scheduler_pid: int) -> dict[str, float]:
+    """The seed template's pods, ``pods`` of them created at once (see :func:`fleet_common.time_pods`)."""
+    client = clients.get()
+    fresh_namespace(client, ns)
+    template, claim = load_template(template_path)
+    tname = template["metadata"]["name"]
+    client.create(ResourceClaimTemplate.from_dict(template), namespace=ns)  # type: ignore[call-overload]
+    return time_pods(clients, ns, [pod_manifest(f"p-{i:05d}", tname, claim) for i in range(pods)], timeout,
+                     scheduler_pid)
+
+
+def clean_namespace(clients: Clients, ns: str) -> int:
+    """Force-delete the pods, then wait for their claims to go (so the devices are free again); claims left."""
+    client = clients.get()
+    delete_pods(client, ns)
+    deadline = time.monotonic() + 120
+    left = len(list(client.list(ResourceClaim, namespace=ns)))
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = len(list(client.list(ResourceClaim, namespace=ns)))
+    return left
+
+
+def summarise(results: list[tuple[str, dict[str, float]]]) -> None:
+    """Per shape, the medians over its runs and their ratio to the minimal shape's."""
+    by_shape: dict[str, dict[str, float]] = {}
+    for shape in dict(results):
+        runs = [r for s, r in results if s == shape]
+        by_shape[shape] = {k: statistics.median(r[k] for r in runs) for k in ("pods_s", "p50", "p99", "cpu_ms")}
+    base = by_shape.get("minimal")
+    for shape, med in by_shape.items():
+        line = (f"  median {shape:20s} {med['pods_s']:5.1f} pods/s, p50 {med['p50']:5.0f} ms, "
+                f"p99 {med['p99']:5.0f} ms, "
+                f"scheduler CPU {med['cpu_ms']:4.0f} ms/pod")
+        if base and med["pods_s"] and med["cpu_ms"]:
+            line += (f"; vs minimal: time per pod x{base['pods_s'] / med['pods_s']:.2f}, "
+                     f"scheduler CPU per pod x{med['cpu_ms'] / base['cpu_ms']:.2f}")
+        print(line)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100, help="fleet size (100, 500, 1000, 5000)")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="trn2")
+    parser.add_argument("--pods", type=int, default=200)
+    parser.add_argument("--shapes", default="ours,minimal", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--workload", default=None, help="claim template example (default: the mix's)")
+    parser.add_argument("--client-qps", type=int, default=500, help="scheduler/controller-manager API QPS")
+    parser.add_argument("--prefill", type=int, default=0,
+                        help="pods of the same workload placed first (untimed), e.g. half the fleet's capacity")
+    parser.add_argument("--repeat", type=int, default=1, help="run the list of shapes this many times, in turn")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one workload")
+    args = parser.parse_args()
+    shapes = args.shapes.split(",")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    if missing_binaries(kube_bin_dir()):
+        print("Kubernetes binaries missing (scripts/build-kube.sh): nothing to measure")
+        return 0
+    instance_type, efa, default_workload = MIXES[args.mix]
+    workload = REPO / (args.workload or default_workload)
+    kinds = scan_devices(instance_type, efa=efa)
+    qps = [f"--kube-api-qps={args.client_qps}", f"--kube-api-burst={2 * args.client_qps}"]
+    nodes = [f"{args.mix}-{i:05d}" for i in range(args.nodes)]
+    with tempfile.TemporaryDirectory(prefix="fleet-sim-", dir="/tmp") as tmp, ControlPlane(
+            Path(tmp) / "cp", extra_args={"kube-controller-manager": qps, "kube-scheduler": qps}) as cp:
+        clients = Clients(cp.admin_kubeconfig)
+        client = clients.get()
+        for name, driver in DEVICE_CLASSES.items():
+            client.create(DeviceClass.from_dict({"metadata": {"name": name}, "spec": {"selectors": [  # type: ignore[call-overload]
+                {"cel": {"expression": f'device.driver == "{driver}"'}}]}}))
+        t_nodes = parallel(lambda i: create_node(clients, nodes[i], instance_type, i), range(len(nodes)))
+        print(f"{args.nodes} {instance_type} nodes created in {t_nodes:.1f} s; workload {workload.name}, "
+              f"{args.pods} pods; slices per node: {', '.join(k.driver for k in kinds)}", flush=True)
+        results: list[tuple[str, dict[str, float]]] = []
+        for i, shape in enumerate(shapes * args.repeat):
+            t_pub = publish(clients, nodes, kinds, shape)
+            time.sleep(3)  # let the scheduler's informers catch up
+            if args.prefill:
+                fill = run_workload(clients, f"fill-{i}", workload, args.prefill, args.timeout * 10,
+                                    cp.pids()["kube-scheduler"])
+                print(f"  {shape:20s} prefilled: {fill['scheduled']:.0f}/{args.prefill} pods placed", flush=True)
+            res = run_workload(clients, f"run-{i}", workload, args.pods, args.timeout, cp.pids()["kube-scheduler"])
+            results.append((shape, res))
+            print(f"  {shape:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
+                  f"{res['pods_s']:5.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms p99 {res['p99']:5.0f} ms, "
+                  f"scheduler CPU {res['cpu_ms']:4.0f} ms/pod", flush=True)
+            left = clean_namespace(clients, f"run-{i}") + (clean_namespace(clients, f"fill-{i}") if args.prefill else 0)
+            if left:
+                print(f"  warning: {left} claims of run {i} still exist 120 s after their pods were deleted")
+        print(f"  RSS GiB: {rss_gib(cp)}")
+        summarise(results)
+    print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
