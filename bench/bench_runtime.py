@@ -93,7 +93,9 @@ def main() -> int:
                          if c.type == "PodScheduled")
             print(f"pod create to Running ({label:<34}) {time.perf_counter() - t0:6.1f} s "
                   f"(bound after {(sched - created).total_seconds():.0f} s, API timestamps in whole seconds)")
-            client.delete(Pod, name, namespace="default", grace_period=0)
+            # Not grace 0: a force delete frees the claim's devices in the API while the kubelet still holds them
+            # prepared, and the next claim's prepare is then refused until the kubelet has unprepared the old one.
+            client.delete(Pod, name, namespace="default", grace_period=1)
             poll(lambda: not list(client.list(Pod, namespace="default", fields={"metadata.name": name})),
                  f"{name} gone", 60)
             poll(lambda: not list(client.list(ResourceClaim, namespace="default")), "its claims gone", 60)

@@ -131,7 +131,8 @@ def device_plugin_pod(name: str, resource: str, count: int, node: str) -> dict[s
 
 @contextlib.contextmanager
 def applied(client: Client, namespace: str, docs: list[dict[str, Any]]) -> Iterator[list[Any]]:
-    """Create ``docs`` in ``namespace``; delete them (Pods first, at once) afterwards."""
+    """Create ``docs`` in ``namespace``; delete them (Pods first) afterwards. Pods get a 1 s grace period, not a
+    force delete: that would free their claims' devices in the API while the kubelet still holds them prepared."""
     objs = [codecs.from_dict(d) for d in docs]
     made = []
     try:
@@ -141,7 +142,8 @@ def applied(client: Client, namespace: str, docs: list[dict[str, Any]]) -> Itera
     finally:
         for obj in sorted(made, key=lambda o: 0 if o.kind == "Pod" else 1):
             with contextlib.suppress(ApiError):
-                client.delete(type(obj), obj.metadata.name, namespace=namespace, grace_period=0)
+                client.delete(type(obj), obj.metadata.name, namespace=namespace,
+                              grace_period=1 if obj.kind == "Pod" else None)
 
 
 def container_view(node: KubeletNode, namespace: str, pod: str, wait: Wait, timeout: float = 120) -> ContainerView:
