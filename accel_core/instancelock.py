@@ -1,12 +1,16 @@
-"""One device-plugin instance per resource on a node: an exclusive ``flock`` on a per-socket lock file.
+"""One daemon instance per set of sockets on a node: an exclusive ``flock`` on a lock file of those sockets.
 
-Two instances of the same plugin on one node delete each other's sockets and re-register forever. Before a server
-serves (and so before it removes a socket of that name) it takes ``<device-plugins dir>/LOCK_DIR/<socket>.lock``;
-if another process holds it, the server stops with :class:`InstanceConflict` naming that process (its pid is in
-the file), and the daemon exits 2.
+Two instances of the same daemon on one node delete each other's sockets (device plugins re-register forever; a
+DRA driver's duplicate leaves the first UNAVAILABLE when it stops). Before a daemon serves (and so before it removes
+a socket of that name) it takes its lock; if another process holds it, it stops with :class:`InstanceConflict`
+naming that process (its pid is in the file), and the daemon exits 2. Where the lock files live:
 
-The lock files live in a sub-directory because the kubelet, when it starts, deletes the files in the
-device-plugins directory but not its sub-directories. The kernel drops a ``flock`` when its holder exits, however
+- a device plugin: ``<device-plugins dir>/LOCK_DIR/<socket>.lock`` (:meth:`InstanceLock.for_device_plugin`), in a
+  sub-directory because the kubelet, when it starts, deletes the files in the device-plugins directory but not its
+  sub-directories;
+- a DRA driver: ``dra[-<podUID>].lock`` beside its DRA socket (``accel_core.dra.plugin.instance_lock_path``); the two
+  pods of a rolling update have different pod UIDs, so different sockets and lock files, and both run.
+ The kernel drops a ``flock`` when its holder exits, however
 it exits, so a lock file left by a dead process never blocks a restart; the files are therefore never removed
 (removing one would let two processes lock two different files of the same name).
 """
@@ -30,11 +34,15 @@ class InstanceConflict(Exception):
 
 
 class InstanceLock:
-    """The lock for one socket name; :meth:`acquire` again after the file was replaced re-takes it."""
+    """The lock file ``path``; :meth:`acquire` again after the file was replaced re-takes it."""
 
-    def __init__(self, device_plugins_dir: Path, socket_name: str) -> None:
-        self.path = device_plugins_dir / LOCK_DIR / f"{socket_name}.lock"
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
         self._fd: int | None = None
+
+    @classmethod
+    def for_device_plugin(cls, device_plugins_dir: Path, socket_name: str) -> InstanceLock:
+        return cls(device_plugins_dir / LOCK_DIR / f"{socket_name}.lock")
 
     @property
     def held(self) -> bool:
@@ -46,7 +54,7 @@ class InstanceLock:
             if _same_file(self._fd, self.path):
                 return
             self.release()  # the file was removed or replaced: the lock on the old one protects nothing
-        self.path.parent.mkdir(exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -54,7 +62,7 @@ class InstanceLock:
             holder = _read_pid(fd)
             os.close(fd)
             who = f"pid {holder}" if holder is not None else "another process"
-            raise InstanceConflict(f"another instance ({who}) holds {self.path}: it serves this socket "
+            raise InstanceConflict(f"another instance ({who}) holds {self.path}: it serves these sockets "
                                    "on this node") from None
         except BaseException:
             os.close(fd)

@@ -208,7 +208,7 @@ class DevicePluginServer:
             self._loaded.set()
         self._dir = paths.device_plugins_dir
         self._socket = self._dir / socket_name
-        self._lock = InstanceLock(self._dir, socket_name)
+        self._lock = InstanceLock.for_device_plugin(self._dir, socket_name)
         self._kubelet_sock = paths.kubelet_socket
         self._retry = retry_interval
         self._devices: list[AdvertisedDevice] = []

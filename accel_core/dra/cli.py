@@ -48,7 +48,6 @@ from accel_core.cli import (
 from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
-from accel_core.dra.instance import DuplicateInstance, InstanceLock
 from accel_core.dra.plugin import instance_lock_path
 from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
 from accel_core.dra.service import (
@@ -59,6 +58,7 @@ from accel_core.dra.service import (
     dra_driver_version,
 )
 from accel_core.dra.slices import SlicePublisher, build_slices
+from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.kubeconfig import setting as kubeconfig_setting
 from accel_core.logs import kv, setup_logging
@@ -198,9 +198,9 @@ class DriverCli:
         instance = InstanceLock(instance_lock_path(paths, profile.driver_name, args.pod_uid))
         try:
             instance.acquire()  # before anything is read or written; held until the process ends
-        except (DuplicateInstance, OSError) as exc:
+        except (InstanceConflict, OSError) as exc:
             log.error("refusing to start: another instance serves these sockets" if isinstance(
-                exc, DuplicateInstance) else "cannot take the instance lock", extra=kv(driver=profile.driver_name,
+                exc, InstanceConflict) else "cannot take the instance lock", extra=kv(driver=profile.driver_name,
                                                                                         error=exc))
             return 2
 

@@ -40,9 +40,9 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from accel_core.backoff import Backoff
-from accel_core.dra.instance import InstanceLock
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
 from accel_core.grpc_types import Ctx
+from accel_core.instancelock import InstanceLock
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2_grpc as hp_grpc
 from accel_core.kubeletapi import dra_v1_pb2 as d1
@@ -195,7 +195,7 @@ class DraPlugin:
         self.data_dir = paths.plugins_data_dir / self.driver
         self.registration_socket = paths.plugins_registry_dir / f"{self.driver}{suffix}-reg.sock"
         self.dra_socket = dra_socket_path(paths, self.driver, pod_uid)
-        #: Held from before the checkpoint is loaded until the process ends (see :mod:`accel_core.dra.instance`).
+        #: Held from before the checkpoint is loaded until the process ends (see :mod:`accel_core.instancelock`).
         self.instance = InstanceLock(instance_lock_path(paths, self.driver, pod_uid))
         self.serve_health = serve_health
         self.metrics = DraMetrics(registry)

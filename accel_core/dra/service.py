@@ -35,7 +35,6 @@ from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.instance import InstanceLock
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
@@ -46,6 +45,7 @@ from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError
 from accel_core.health import HEALTHY, DeviceHealth
 from accel_core.healthpoll import FilePoller, PollTimer
+from accel_core.instancelock import InstanceLock
 from accel_core.logs import ProblemLog, kv
 from accel_core.ownnode import OwnNode
 from accel_core.paths import HostPaths
@@ -190,7 +190,7 @@ class DraService:
 
     # -- life cycle ------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop``; DuplicateInstance (before anything is read or written) when another live process
+        """Serve until ``stop``; InstanceConflict (before anything is read or written) when another live process
         serves the same sockets."""
         self.plugin.instance.acquire()  # a no-op when the caller took it already (the CLI, to exit 2)
         try:

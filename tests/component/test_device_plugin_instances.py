@@ -77,15 +77,15 @@ def test_second_server_for_a_socket_stops_and_leaves_the_first_alone(short_tmp: 
 def test_a_replaced_lock_file_is_taken_again(short_tmp: Path) -> None:
     """Someone removes the lock file while it is held: the holder re-takes the new file, so a second process that
     created it cannot hold "the" lock alongside."""
-    lock = InstanceLock(short_tmp, "x.sock")
+    lock = InstanceLock.for_device_plugin(short_tmp, "x.sock")
     lock.acquire()
     lock.path.unlink()
     lock.acquire()
     assert lock.path.read_text() == f"{os.getpid()}\n"
     with pytest.raises(InstanceConflict):
-        InstanceLock(short_tmp, "x.sock").acquire()
+        InstanceLock.for_device_plugin(short_tmp, "x.sock").acquire()
     lock.release()
-    InstanceLock(short_tmp, "x.sock").acquire()
+    InstanceLock.for_device_plugin(short_tmp, "x.sock").acquire()
 
 
 def _serve(host: Path, standin: KubeletStandIn) -> subprocess.Popen[bytes]:
