@@ -60,10 +60,14 @@ class Rig:
         self.reader = Reader()
 
     @contextlib.asynccontextmanager
-    async def running(self, pod_uid: str = "pod-1", refresh: float = 20.0) -> AsyncIterator[DraService]:
+    async def running(self, pod_uid: str = "pod-1", refresh: float = 20.0, registration_wait: float = 0.0,
+                      publisher: Any = None) -> AsyncIterator[DraService]:
         service = DraService(NeuronProfile(), self.paths, node_name=NODE, client=None, pod_uid=pod_uid,
-                             healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=refresh)
+                             healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=refresh,
+                             registration_wait=registration_wait)
         service.driver.reader = self.reader
+        if publisher is not None:
+            service.publisher = publisher  # stands in for the API side, tested elsewhere
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         try:
@@ -285,22 +289,13 @@ def test_slices_wait_for_the_kubelet_to_register_the_plugin(short_tmp: Path) -> 
     rig = Rig(short_tmp)
 
     async def scenario() -> None:
-        service = DraService(NeuronProfile(), rig.paths, node_name=NODE, client=None, pod_uid="pod-1",
-                             healthcheck_port=0, rescan_interval=0.2, registration_wait=30)
         publisher = _RecordingPublisher()
-        service.publisher = publisher  # type: ignore[assignment]
-        stop = asyncio.Event()
-        task = asyncio.create_task(service.run(stop))
-        try:
-            await asyncio.wait_for(service.ready.wait(), 10)
+        async with rig.running(registration_wait=30, publisher=publisher):
             await asyncio.sleep(1.0)
             assert not publisher.started.is_set(), "published before the kubelet registered the plugin"
             conn = await rig.standin.register_dra(DRIVER)
             await asyncio.wait_for(publisher.started.wait(), 5)
             await conn.close()
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
 
     asyncio.run(scenario())
 
@@ -309,16 +304,8 @@ def test_without_a_kubelet_the_slices_go_out_after_the_wait(short_tmp: Path) -> 
     rig = Rig(short_tmp)
 
     async def scenario() -> None:
-        service = DraService(NeuronProfile(), rig.paths, node_name=NODE, client=None, pod_uid="pod-1",
-                             healthcheck_port=0, rescan_interval=0.2, registration_wait=0.5)
         publisher = _RecordingPublisher()
-        service.publisher = publisher  # type: ignore[assignment]
-        stop = asyncio.Event()
-        task = asyncio.create_task(service.run(stop))
-        try:
+        async with rig.running(registration_wait=0.5, publisher=publisher):
             await asyncio.wait_for(publisher.started.wait(), 10)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
 
     asyncio.run(scenario())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,3 +78,19 @@ def pcie_root_of_uverbs(host_root: Path, uverbs: str) -> str:
     parts = resolved.parts  # ('sys', 'devices', 'pci0000:XX', ...)
     assert parts[:2] == ("sys", "devices") and parts[2].startswith("pci"), resolved
     return parts[2]
+
+
+def cdi_edits(cdi_root: Path, names: tuple[str, ...]) -> tuple[set[str], dict[str, str]]:
+    """(device node paths, env) the runtime would apply for these CDI device names, read from the spec files;
+    fails when a name is in no spec."""
+    specs = [json.loads(p.read_text()) for p in cdi_root.glob("*.json")]
+    nodes: set[str] = set()
+    env: dict[str, str] = {}
+    for qualified in names:
+        kind, _, dev = qualified.partition("=")
+        matches = [d for s in specs if s["kind"] == kind for d in s["devices"] if d["name"] == dev]
+        assert len(matches) == 1, f"CDI device {qualified} is in {len(matches)} specs under {cdi_root}"
+        edits = matches[0].get("containerEdits", {})
+        nodes |= {n["path"] for n in edits.get("deviceNodes", [])}
+        env.update(e.split("=", 1) for e in edits.get("env", []))
+    return nodes, env

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO_ROOT, Daemon, RealNode
-from kube_helpers import create_pod, pod_events, pod_gone, pod_phase
+from kube_helpers import cdi_edits, create_pod, pod_events, pod_gone, pod_phase
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaimTemplate, ResourceSlice
@@ -79,22 +79,6 @@ def slice_devices(client: Client, node: str) -> int:
 
 def registered(driver: Daemon) -> bool:
     return "kubelet registered the DRA plugin" in driver.tail(200)
-
-
-def cdi_edits(cdi_root: Path, names: tuple[str, ...]) -> tuple[set[str], dict[str, str]]:
-    """(device node paths, env) the runtime would apply for these CDI device names, read from the spec files;
-    fails when a name is in no spec."""
-    specs = [json.loads(p.read_text()) for p in cdi_root.glob("*.json")]
-    nodes: set[str] = set()
-    env: dict[str, str] = {}
-    for qualified in names:
-        kind, _, dev = qualified.partition("=")
-        matches = [d for s in specs if s["kind"] == kind for d in s["devices"] if d["name"] == dev]
-        assert len(matches) == 1, f"CDI device {qualified} is in {len(matches)} specs under {cdi_root}"
-        edits = matches[0].get("containerEdits", {})
-        nodes |= {n["path"] for n in edits.get("deviceNodes", [])}
-        env.update(e.split("=", 1) for e in edits.get("env", []))
-    return nodes, env
 
 
 def claim_uid(names: tuple[str, ...]) -> str:

@@ -34,7 +34,7 @@ from dra_support import EFA as SUPPORT_EFA
 from dra_support import NEURON as SUPPORT_NEURON
 from dra_support import chart_objects, pod_bound_kubeconfig, pod_claim_name
 from kube_helpers import NEURON as NEURON_RESOURCE
-from kube_helpers import allocatable, create_pod, pod_gone, pod_phase
+from kube_helpers import allocatable, cdi_edits, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Namespace, Pod
@@ -116,21 +116,6 @@ def ready_node(kubelet_node: MakeNode, daemon: StartDaemon, client: Client, kind
     wait(lambda: published(client, node.name, kind) == kind.devices, f"{kind.devices} devices published", timeout=60)
     wait(lambda: "kubelet registered the DRA plugin" in driver.tail(200), "the kubelet's registration", timeout=30)
     return node, driver
-
-
-def cdi_edits(cdi_root: Path, names: tuple[str, ...]) -> tuple[set[str], dict[str, str]]:
-    """(device node paths, env) the runtime would apply for these CDI device names (fails for a name in no spec)."""
-    specs = [json.loads(p.read_text()) for p in cdi_root.glob("*.json")]
-    nodes: set[str] = set()
-    env: dict[str, str] = {}
-    for qualified in names:
-        kind, _, dev = qualified.partition("=")
-        matches = [d for s in specs if s["kind"] == kind for d in s["devices"] if d["name"] == dev]
-        assert len(matches) == 1, f"CDI device {qualified} is in {len(matches)} specs under {cdi_root}"
-        edits = matches[0].get("containerEdits", {})
-        nodes |= {n["path"] for n in edits.get("deviceNodes", [])}
-        env.update(e.split("=", 1) for e in edits.get("env", []))
-    return nodes, env
 
 
 def cdi_nodes(cdi_root: Path, names: tuple[str, ...]) -> set[str]:
