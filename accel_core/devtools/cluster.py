@@ -36,7 +36,14 @@ from accel_core.devtools.controlplane import (
     recorded_process,
     stop_recorded,
 )
-from accel_core.devtools.kubeletnode import KubeletNode, NodeLayout, NodeRecord, pod_log_lines, stop_recorded_node
+from accel_core.devtools.kubeletnode import (
+    KubeletNode,
+    NodeLayout,
+    NodeRecord,
+    check_pod_names,
+    pod_log_lines,
+    stop_recorded_node,
+)
 from accel_core.devtools.kubeversions import kube_bin_dir
 
 NODES_DIR = "nodes"
@@ -221,6 +228,11 @@ def _logs(args: argparse.Namespace) -> int:
     namespace, sep, pod = args.pod.partition("/")
     if not sep or not namespace or not pod:
         print(f"accel-cluster: logs wants NAMESPACE/POD, got {args.pod!r}", file=sys.stderr)
+        return 2
+    try:
+        check_pod_names(namespace, pod, args.container)  # before the names go into a glob
+    except ValueError as e:
+        print(f"accel-cluster: {e}", file=sys.stderr)
         return 2
     found = False
     for node_dir in node_dirs(args.state_dir):

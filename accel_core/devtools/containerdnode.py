@@ -37,6 +37,8 @@ from pathlib import Path
 import psutil
 
 from accel_core.devtools.controlplane import SERVICE_IP, ControlPlaneError, spawn_logged, tail_file, terminate_processes
+from accel_core.devtools.kubeversions import cache_root, repo_root
+from accel_core.hostfiles import HostValueError, parse_int, read_attr
 
 CONTAINERD_VERSION = "v2.4.2"
 RUNTIME = "containerd"
@@ -48,15 +50,7 @@ BUSYBOX_IMAGE = "example.local/busybox:1.35"
 POD_PREFIX = "10.88"
 #: The misc-class major of ``/dev/infiniband/rdma_cm`` (its minor is dynamic on real hosts; any is fine here).
 RDMA_CM_DEV = "10:58"
-REPO = Path(__file__).resolve().parents[2]
-CNI_PLUGIN = REPO / "tools" / "cni" / "accel-veth"
-
-
-def _cache_base(env: str, leaf: str) -> Path:
-    override = os.environ.get(env)
-    if override:
-        return Path(override)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aws-accel-agents" / leaf
+CNI_PLUGIN = repo_root() / "tools" / "cni" / "accel-veth"
 
 
 @dataclass(frozen=True)
@@ -68,8 +62,8 @@ class RuntimeBinaries:
 
     @classmethod
     def default(cls) -> RuntimeBinaries:
-        return cls(_cache_base("ACCEL_RUNTIME_CACHE", "runtime") / f"containerd{CONTAINERD_VERSION}",
-                   _cache_base("ACCEL_IMAGE_CACHE", "images"))
+        return cls(cache_root("runtime", "ACCEL_RUNTIME_CACHE") / f"containerd{CONTAINERD_VERSION}",
+                   cache_root("images", "ACCEL_IMAGE_CACHE"))
 
     @property
     def bin(self) -> Path:
@@ -111,28 +105,26 @@ def node_ip(name: str) -> str:
 
 
 def device_nodes(host_root: Path) -> list[tuple[str, str]]:
-    """``(path under /dev, "major:minor")`` for every device file of a fake host: ``/dev/infiniband/uverbsN`` and
-    ``/dev/neuronN`` from the sysfs ``dev`` files of their class entries, ``/dev/infiniband/rdma_cm`` as a misc
-    node. A device whose sysfs ``dev`` file is missing or malformed is left out (its daemon reports it)."""
-    classes = {"infiniband": "infiniband_verbs", "": "neuron_device"}
+    """``(path under /dev, "major:minor")`` for every device file of a fake host, with the numbers of the sysfs class
+    entry of the same name (``sys/class/<class>/<name>/dev``, as udev names device nodes), whatever the accelerator;
+    ``/dev/infiniband/rdma_cm``, a misc device with no class entry in the fake host, gets a misc node. A device whose
+    ``dev`` file is missing or malformed is left out (its daemon reports it)."""
+    class_dev = {entry.name: entry / "dev" for entry in (host_root / "sys" / "class").glob("*/*")}
     out: list[tuple[str, str]] = []
     dev = host_root / "dev"
     for path in sorted(p for p in dev.rglob("*") if p.is_file() and not p.is_symlink()):
         rel = path.relative_to(dev).as_posix()
-        if rel == "infiniband/rdma_cm":
-            out.append((f"/dev/{rel}", RDMA_CM_DEV))
-            continue
-        parent = rel.rpartition("/")[0]
-        cls = classes.get(parent)
-        if cls is None:
+        where = class_dev.get(path.name)
+        if where is None:
+            if rel == "infiniband/rdma_cm":
+                out.append((f"/dev/{rel}", RDMA_CM_DEV))
             continue
         try:
-            text = (host_root / "sys" / "class" / cls / path.name / "dev").read_text(errors="replace").strip()
-        except OSError:
+            major, sep, minor = read_attr(str(where)).partition(":")
+            if sep:
+                out.append((f"/dev/{rel}", f"{parse_int(major, str(where))}:{parse_int(minor, str(where))}"))
+        except HostValueError:
             continue
-        major, sep, minor = text.partition(":")
-        if sep and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit():
-            out.append((f"/dev/{rel}", f"{int(major)}:{int(minor)}"))
     return out
 
 
@@ -308,8 +300,7 @@ class ContainerdRuntime:
         self._wait(self.socket.exists, proc, self.CONTAINERD, 30)
 
     def ctr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.bins.ctr), "--address", str(self.socket), "--namespace", "k8s.io", *args],
-                              capture_output=True, text=True, timeout=timeout, check=False)
+        return ctr(self.bins, self.socket, *args, timeout=timeout)
 
     def _import_images(self) -> None:
         for archive in self.bins.image_archives():
@@ -349,6 +340,12 @@ class ContainerdRuntime:
         (self.dir / "cni" / "net.d" / "10-accel-rig.conflist").write_text(json.dumps(conf) + "\n")
 
 
+def ctr(bins: RuntimeBinaries, socket: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``ctr`` against a node's containerd, in the CRI's ``k8s.io`` namespace."""
+    return subprocess.run([str(bins.ctr), "--address", str(socket), "--namespace", "k8s.io", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def _mount_ns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/mnt")
@@ -364,14 +361,11 @@ def stop_namespace(node_dir: Path, bins: RuntimeBinaries, *, holder: subprocess.
     stopped: list[str] = []
     sock = node_dir / "run" / "containerd" / "containerd.sock"
     if holder is not None and sock.exists():
-        def ctr(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(bins.ctr), "--address", str(sock), "--namespace", "k8s.io", *args],
-                                  capture_output=True, text=True, timeout=60, check=False)
-        tasks = ctr("tasks", "list", "--quiet").stdout.split()
+        tasks = ctr(bins, sock, "tasks", "list", "--quiet", timeout=60).stdout.split()
         for task in tasks:
-            ctr("tasks", "kill", "--signal", "SIGKILL", task)
+            ctr(bins, sock, "tasks", "kill", "--signal", "SIGKILL", task, timeout=60)
         for task in tasks:
-            ctr("tasks", "delete", "--force", task)
+            ctr(bins, sock, "tasks", "delete", "--force", task, timeout=60)
         stopped += [f"task/{t[:12]}" for t in tasks]
     holder_pid = holder.pid if holder is not None else None
     ns = _mount_ns(holder_pid) if holder_pid is not None else None

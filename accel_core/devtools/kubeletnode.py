@@ -30,6 +30,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +56,8 @@ from accel_core.devtools.controlplane import (
     terminate_processes,
     write_kubeconfig,
 )
+from accel_core.dra.names import is_label, is_subdomain, shown
+from accel_core.hostfiles import parse_index
 
 KUBELET = "kubelet"
 FAKECRI = "fakecri"
@@ -596,7 +599,7 @@ class KubeletNode:
         return "\n".join(lines)
 
     def _start_containerd(self) -> None:
-        api_port = int(self.server.rsplit(":", 1)[1].rstrip("/"))
+        api_port = urllib.parse.urlsplit(self.server).port or 443
         sysctls = [(self.layout.proc_sys / e.replace("/", "."), e) for e in KUBELET_SYSCTLS]
         self._containerd = ContainerdRuntime(self.name, self.layout.dir, api_port=api_port,
                                              bins=RuntimeBinaries.default(), detach=self._detach,
@@ -652,14 +655,25 @@ def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
     return stopped
 
 
+def check_pod_names(namespace: str, pod: str, container: str | None = None) -> None:
+    """ValueError naming each of the three that is not a Kubernetes name (label, subdomain, label)."""
+    bad = [f"{what} {shown(value)}" for what, value, ok in (
+        ("namespace", namespace, is_label(namespace)), ("pod", pod, is_subdomain(pod)),
+        ("container", container, container is None or is_label(container))) if not ok]
+    if bad:
+        raise ValueError(f"not a Kubernetes name: {', '.join(bad)}")
+
+
 def pod_log_lines(pod_logs: Path, namespace: str, pod: str, container: str) -> list[str]:
     """The lines a container wrote, from ``<pod_logs>/<ns>_<pod>_<uid>/<container>/<restart>.log`` (CRI format:
     ``<time> <stream> <P|F> <text>``; a ``P`` line continues on the next). Every pod of that name, oldest first."""
+    check_pod_names(namespace, pod, container)  # before the names go into a glob: no wildcard, no "..", no "/"
     out: list[str] = []
     dirs = sorted(pod_logs.glob(f"{namespace}_{pod}_*/{container}"), key=lambda d: d.stat().st_mtime) \
         if pod_logs.is_dir() else []
     for d in dirs:
-        files = sorted(d.glob("*.log"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1)
+        restarts = ((parse_index(f.stem), f) for f in d.glob("*.log"))
+        files = [f for n, f in sorted((n, f) for n, f in restarts if n is not None)]
         for f in files:
             with contextlib.suppress(OSError):
                 for line in f.read_text(errors="replace").splitlines():

@@ -53,16 +53,21 @@ def _nonempty(env: Mapping[str, str], key: str) -> str | None:
     return value or None
 
 
-def kube_cache_root(env: Mapping[str, str] | None = None) -> Path:
-    """``$ACCEL_KUBE_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/aws-accel-agents/kube``."""
+def cache_root(leaf: str, override: str, env: Mapping[str, str] | None = None) -> Path:
+    """``$<override>``, else ``${XDG_CACHE_HOME:-~/.cache}/aws-accel-agents/<leaf>`` (as the build scripts do)."""
     e = os.environ if env is None else env
-    explicit = _nonempty(e, "ACCEL_KUBE_CACHE")
+    explicit = _nonempty(e, override)
     if explicit:
         return Path(explicit)
     xdg = _nonempty(e, "XDG_CACHE_HOME")
     home = Path(_nonempty(e, "HOME") or Path.home())
     base = Path(xdg) if xdg else home / ".cache"
-    return base / "aws-accel-agents" / "kube"
+    return base / "aws-accel-agents" / leaf
+
+
+def kube_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """``$ACCEL_KUBE_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/aws-accel-agents/kube``."""
+    return cache_root("kube", "ACCEL_KUBE_CACHE", env)
 
 
 def build_bin_dir(env: Mapping[str, str] | None = None) -> Path:

@@ -4,10 +4,12 @@ the event loop runs) leaves no socket and a clean exit."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,22 @@ async def wait_line(proc: subprocess.Popen[bytes], text: str) -> None:
         raise AssertionError(f"never logged {text!r}: {''.join(seen)}") from None
 
 
+@contextlib.asynccontextmanager
+async def started(daemon: str, tmp: Path) -> AsyncIterator[tuple[KubeletStandIn, subprocess.Popen[bytes]]]:
+    """A kubelet stand-in and ``daemon`` started against it; both stopped afterwards (the daemon killed if still
+    running)."""
+    standin = KubeletStandIn(tmp / "k")
+    await standin.start()
+    proc = start(daemon, tmp, standin)
+    try:
+        yield standin, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await standin.stop()
+
+
 async def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
     code = await asyncio.to_thread(proc.wait, 30)
     return code, (proc.stderr.read().decode(errors="replace") if proc.stderr else "")
@@ -70,21 +88,13 @@ async def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
 @pytest.mark.parametrize("daemon", sorted(DAEMONS))
 def test_a_stop_signal_at_once_after_start_is_a_clean_stop(short_tmp: Path, daemon: str, sig: signal.Signals) -> None:
     async def scenario() -> None:
-        standin = KubeletStandIn(short_tmp / "k")
-        await standin.start()
-        proc = start(daemon, short_tmp, standin)
-        try:
+        async with started(daemon, short_tmp) as (standin, proc):
             await wait_line(proc, EARLY_LINE)
             proc.send_signal(sig)  # before the daemon's event loop exists
             code, err = await finish(proc)
             assert code == 0, err
             assert "Traceback" not in err, err
             assert sockets(standin.root) == []
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            await standin.stop()
     asyncio.run(scenario())
 
 
@@ -92,10 +102,7 @@ def test_a_stop_signal_at_once_after_start_is_a_clean_stop(short_tmp: Path, daem
                                            ("neuron-dra-driver", "plugins_registry")])
 def test_sighup_while_serving_removes_the_sockets(short_tmp: Path, daemon: str, ready: str) -> None:
     async def scenario() -> None:
-        standin = KubeletStandIn(short_tmp / "k")
-        await standin.start()
-        proc = start(daemon, short_tmp, standin)
-        try:
+        async with started(daemon, short_tmp) as (standin, proc):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 60
             while not any(ready in s for s in sockets(standin.root)) and "registered" not in ready:
@@ -109,9 +116,4 @@ def test_sighup_while_serving_removes_the_sockets(short_tmp: Path, daemon: str, 
             assert code == 0, err
             assert "signal=SIGHUP" in err, err
             assert sockets(standin.root) == []
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            await standin.stop()
     asyncio.run(scenario())

@@ -103,3 +103,11 @@ def test_start_ticks_read_past_a_command_name_with_parentheses(tmp_path: Path) -
 def test_an_old_record_without_start_ticks_names_no_process() -> None:
     rec = ProcessRecord.from_json({"name": "etcd", "pid": os.getpid(), "create_time": 1.0, "log": "x", "ports": []})
     assert recorded_process(rec) is None
+
+
+@pytest.mark.parametrize("namespace, pod", [("..", "x"), ("ns1", "*"), ("ns1", "../../etc"), ("NS", "web"),
+                                            ("ns1", "web\n")])
+def test_log_names_are_kubernetes_names_before_they_reach_a_glob(tmp_path: Path, namespace: str, pod: str) -> None:
+    (tmp_path / "pods" / "ns1_web_0f0e" / "app").mkdir(parents=True)
+    with pytest.raises(ValueError, match="not a Kubernetes name"):
+        pod_log_lines(tmp_path / "pods", namespace, pod, "app")
