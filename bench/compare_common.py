@@ -154,9 +154,9 @@ class Versus:
         header = ("figure", "unit", "this tree", f"baseline {self.base}", "new/base", f"<={self.limit:.2f}x")
         lines = [header]
         for figure, unit, new, old in self.rows:
-            ratio = new / old if old else float("nan")
-            lines.append((figure, unit, f"{new:.3f}", f"{old:.3f}", f"{ratio:.2f}x",
-                          "yes" if ratio <= self.limit else "NO"))
+            ratio = f"{new / old:.2f}x" if old else "-"
+            met = "-" if not old else "yes" if new / old <= self.limit else "NO"
+            lines.append((figure, unit, f"{new:.3f}", f"{old:.3f}", ratio, met))
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         out = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines]
         out.insert(1, "  ".join("-" * w for w in widths))

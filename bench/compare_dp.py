@@ -105,8 +105,8 @@ def plugins(peers: Path, efa_host: Path, neuron_host: Path, baseline: Path | Non
         return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
 
     base = [] if baseline is None else [
-        Plugin("efa@base", EFA, ours("efa-device-plugin", efa_host, baseline)),
-        Plugin("neuron@base", NEURON, ours("neuron-device-plugin", neuron_host, baseline))]
+        Plugin("efa-base", EFA, ours("efa-device-plugin", efa_host, baseline)),
+        Plugin("neuron-base", NEURON, ours("neuron-device-plugin", neuron_host, baseline))]
     return [*base,
         Plugin("efa", EFA, ours("efa-device-plugin", efa_host)),
         Plugin("neuron", NEURON, ours("neuron-device-plugin", neuron_host)),
@@ -182,8 +182,8 @@ async def run(root: Path, peers: Path, table: Table, *, calls: int, starts: int,
             None, 5, str)
         if versus is not None:
             efa_base = await health_latency(
-                by["efa@base"], lambda i: efa_fake.set_port_state(ibdevs[i], "DOWN"),
-                lambda i: efa_fake.set_port_state(ibdevs[i], "ACTIVE"), 5, lambda i: by["efa@base"].ids[i])
+                by["efa-base"], lambda i: efa_fake.set_port_state(ibdevs[i], "DOWN"),
+                lambda i: efa_fake.set_port_state(ibdevs[i], "ACTIVE"), 5, lambda i: by["efa-base"].ids[i])
     finally:
         for p in subjects:
             with contextlib.suppress(Exception):
@@ -193,13 +193,13 @@ async def run(root: Path, peers: Path, table: Table, *, calls: int, starts: int,
     if versus is not None:
         vs = versus[1]
         for name in ("efa", "neuron"):
-            new, old = by[name], by[f"{name}@base"]
+            new, old = by[name], by[f"{name}-base"]
             vs.add(f"start->Register {name} p50", "ms", p50(new.starts) * 1e3, p50(old.starts) * 1e3)
             vs.add(f"Allocate {name} p50", "ms", p50(new.alloc) * 1e3, p50(old.alloc) * 1e3)
             vs.add(f"GetPreferredAllocation {name} p50", "ms", p50(new.pref) * 1e3, p50(old.pref) * 1e3)
-            vs.add(f"idle CPU {name}", f"s/{idle:.0f}s", idle_cpu[name], idle_cpu[f"{name}@base"])
-            vs.add(f"CPU with devices held {name}", f"s/{idle:.0f}s", held_cpu[name], held_cpu[f"{name}@base"])
-            vs.add(f"RSS {name}", "MiB", rss[name], rss[f"{name}@base"])
+            vs.add(f"idle CPU {name}", f"s/{idle:.0f}s", idle_cpu[name], idle_cpu[f"{name}-base"])
+            vs.add(f"CPU with devices held {name}", f"s/{idle:.0f}s", held_cpu[name], held_cpu[f"{name}-base"])
+            vs.add(f"RSS {name}", "MiB", rss[name], rss[f"{name}-base"])
         vs.add("health change->ListAndWatch efa (max of 5)", "ms", max(efa_health) * 1e3, max(efa_base) * 1e3)
     for name in ("efa", "neuron"):
         p = by[name]

@@ -199,7 +199,7 @@ async def run(root: Path, peers: Path, table: Table, *, iterations: int, idle: f
                    "--num-devices", "16"]
         drivers: tuple[Driver, ...] = (ours, go)
         if versus is not None:
-            base = Driver("neuron@base", "neuron.aws.com", "cmp-neuron-base", "neuron-device-{i}")
+            base = Driver("neuron-base", "neuron.aws.com", "cmp-neuron-base", "neuron-device-{i}")
             base.argv = neuron_argv(versus[0], host.root, base.node, root / base.name, cp.admin_kubeconfig,
                                     free_port(), [])
             drivers = (ours, go, base)
