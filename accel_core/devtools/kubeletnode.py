@@ -56,8 +56,8 @@ from accel_core.devtools.controlplane import (
     terminate_processes,
     write_kubeconfig,
 )
-from accel_core.dra.names import is_label, is_subdomain, shown
 from accel_core.hostfiles import parse_index
+from accel_core.k8snames import is_label, is_subdomain, shown
 
 KUBELET = "kubelet"
 FAKECRI = "fakecri"

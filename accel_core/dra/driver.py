@@ -57,10 +57,9 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.atomic import clean_stale_temp_files
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
-from accel_core.dra.claims import ClaimReader, allocated_for_node
+from accel_core.dra.claims import ClaimReader, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.metrics import DriverMetrics
-from accel_core.dra.names import check_claim_ref
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
+from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.profile import tainted, unhealthy_taint_key
-from accel_core.dra.slices import AttributeValue, SliceDevice, Version
 from accel_core.health import DeviceHealth
 from accel_core.hostfiles import parse_index
 from neuron_dra import DRA_DRIVER_NAME

@@ -33,7 +33,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.checkpoint import CheckpointFile
-from accel_core.dra.slices import spec_key
+from accel_core.dra.publisher import spec_key
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi.constants import DRA_V1_SERVICE
 

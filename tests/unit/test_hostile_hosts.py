@@ -36,7 +36,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from accel_core.dra.slices import build_slices, validate_devices
+from accel_core.dra.devices import validate_devices
+from accel_core.dra.publisher import build_slices
 from accel_core.paths import HostPaths
 from efa_plugin import cli as efa_cli
 from efa_plugin.discovery import EfaInventory

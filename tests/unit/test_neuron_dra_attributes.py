@@ -11,14 +11,14 @@ from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
-from accel_core.dra.slices import (
+from accel_core.dra.devices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     SliceDevice,
     SliceValidationError,
     Version,
-    build_slices,
     validate_devices,
 )
+from accel_core.dra.publisher import build_slices
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
