@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+from accel_core.dra.config import OpaqueEntry, configs_for_requests
 from accel_core.dra.driver import DraDriver
 from accel_core.dra.plugin import DraPlugin, Results
+from accel_core.dra.profile import DraProfile
 from accel_core.dra.types import ClaimRef, PreparedDevice
 
 
@@ -43,3 +46,9 @@ def unprepare_one(driver: DraDriver, ref: ClaimRef) -> None:
 async def plugin_prepare(plugin: DraPlugin, refs: Sequence[ClaimRef]) -> Results:
     """The plugin's prepare of one request, from a worker thread as the DRA server runs it."""
     return await asyncio.to_thread(plugin.prepare_claims_blocking, list(refs), asyncio.get_running_loop())
+
+
+def configs(profile: DraProfile[Any, Any], entries: Sequence[OpaqueEntry], requests: Sequence[str]) -> dict[str, Any]:
+    """Each request's effective config as the driver decodes a claim's: the core's precedence, the profile's decoder."""
+    return configs_for_requests(entries, requests, driver=profile.driver_name, decode=profile.decode_config,
+                                default=profile.default_config)
