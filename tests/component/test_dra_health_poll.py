@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from hostcache import copy_host
-from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.devtools.polling import until
 from accel_core.dra.devices import CounterSet, SliceDevice
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.service import DEFAULT_HEALTH_POLL_INTERVAL, DraService

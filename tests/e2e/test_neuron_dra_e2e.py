@@ -269,7 +269,7 @@ def wait_published(kube_client: Client, driver: Driver, count: int, wait: Wait) 
 
     try:
         slices: list[dict[str, Any]] = wait(check, f"{count} published devices for {driver.node}", timeout=90)
-    except AssertionError as exc:
+    except (AssertionError, TimeoutError) as exc:  # the driver exited, or the wait timed out
         raise AssertionError(f"{exc}\ndriver log:\n{driver.tail()}") from exc
     return slices
 
