@@ -271,13 +271,14 @@ class DraPlugin:
         default the one the plugin started on) runs reads whose client belongs to it."""
         run_on = loop or self._loop
         assert run_on is not None, "start() first, or pass the loop"
-        fetched: list[Any] = [None]
+        fetched: Any = None
 
         def prefetch(refs: list[ClaimRef]) -> None:
-            fetched[0] = self.handler.prefetch_blocking(refs, run_on)
+            nonlocal fetched
+            fetched = self.handler.prefetch_blocking(refs, run_on)
 
         return self._in_thread("prepare", claims,
-                               lambda refs: self.handler.prepare_blocking(refs, run_on, prefetched=fetched[0]),
+                               lambda refs: self.handler.prepare_blocking(refs, run_on, prefetched=fetched),
                                before=prefetch)
 
     def unprepare_claims_blocking(self, claims: list[ClaimRef]) -> Results:
