@@ -27,8 +27,8 @@ from pathlib import Path
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
 from accel_core.coexistence import device_plugin_blocks_dra
 from accel_core.dra.config import check_fields, check_type, parameters_object
+from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.profile import RequestEdits, Scan
-from accel_core.dra.slices import AttributeValue, SliceDevice, Version
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths

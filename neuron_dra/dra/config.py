@@ -22,13 +22,11 @@ the field and the config's place in the allocation. Precedence (class, then clai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from accel_core.awsfacts.ultraserver import SET_SIZES
-from accel_core.dra.config import ConfigError, OpaqueEntry, check_fields, check_type, parameters_object
-from accel_core.dra.config import configs_for_requests as _configs_for_requests
+from accel_core.dra.config import ConfigError, check_fields, check_type, parameters_object
 from neuron_dra import DRA_DRIVER_NAME
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
@@ -37,9 +35,6 @@ ULTRASERVER_KIND = "UltraServerConfig"
 LNC_VALUES = (1, 2)
 _FIELDS = {KIND: ("apiVersion", "kind", "logicalNeuronCore"),
            ULTRASERVER_KIND: ("apiVersion", "kind", "ultraserverMode")}
-
-__all__ = ["ConfigError", "NeuronConfig", "OpaqueEntry", "configs_for_requests", "decode_parameters"]
-
 
 @dataclass(frozen=True)
 class NeuronConfig:
@@ -68,9 +63,3 @@ def decode_parameters(raw: Any, where: str) -> NeuronConfig:
     if lnc is not None and (isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in LNC_VALUES):
         raise ConfigError(f"{where}: logicalNeuronCore must be 1 or 2, got {lnc!r}")
     return NeuronConfig(logical_neuron_core=lnc)
-
-
-def configs_for_requests(entries: Sequence[OpaqueEntry], requests: Sequence[str]) -> dict[str, NeuronConfig]:
-    """The effective NeuronConfig per request name (see :func:`accel_core.dra.config.configs_for_requests`)."""
-    return _configs_for_requests(entries, requests, driver=DRA_DRIVER_NAME, decode=decode_parameters,
-                                 default=NeuronConfig())
