@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from cdi_schema import assert_valid_cdi_spec
+from cdi_oracle import assert_cdi_accepts
 from dracalls import plugin_prepare, prepare, prepare_one, unprepare_one
 from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -96,7 +96,10 @@ class Rig:
         self.orphans = self.driver.remove_orphan_specs()  # as the service does at start
 
     def prepare(self, ref: ClaimRef) -> Any:
-        return prepare_one(self.driver, ref)
+        """Prepare; then containerd's CDI library must load the whole CDI root and resolve every returned ID."""
+        devices = prepare_one(self.driver, ref)
+        assert_cdi_accepts(self.paths.cdi_root, [i for d in devices for i in d.cdi_device_ids])
+        return devices
 
     def unprepare(self, ref: ClaimRef) -> None:
         unprepare_one(self.driver, ref)
@@ -104,7 +107,7 @@ class Rig:
     def spec(self, uid: str) -> dict[str, Any]:
         data = self.cdi.read(uid)
         assert data is not None, f"no CDI spec for {uid}"
-        assert_valid_cdi_spec(data)
+        assert_cdi_accepts(self.paths.cdi_root)
         return data
 
 
