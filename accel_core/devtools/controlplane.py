@@ -344,7 +344,7 @@ class ControlPlane:
     def pids(self) -> dict[str, int]:
         return {n: c.process.pid for n, c in self._components.items()}
 
-    def logstail_file(self, lines: int = 40, components: Sequence[str] = COMPONENTS) -> str:
+    def logs_tail(self, lines: int = 40, components: Sequence[str] = COMPONENTS) -> str:
         """The last ``lines`` lines of each component's log, headed by the log path (for failure reports)."""
         parts = []
         for name in components:
@@ -503,7 +503,7 @@ class ControlPlane:
             except _PortClash:
                 comp.process.wait(timeout=10)
                 del self._components[name]
-        raise ControlPlaneError(f"{name}: its ports were taken three times in a row\n{self.logstail_file(30, [name])}")
+        raise ControlPlaneError(f"{name}: its ports were taken three times in a row\n{self.logs_tail(30, [name])}")
 
     def _spawn(self, name: str, cmd: list[str], log_path: Path, ports: tuple[int, ...]) -> _Component:
         proc, offset = spawn_logged(cmd, log_path, cwd=self._state_dir, detach=self._detach)
