@@ -26,15 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accel_core.devtools.containerdnode import FAKECRI_RUNTIME, RUNTIMES
-from accel_core.devtools.controlplane import (
-    APISERVER,
-    ClusterRecord,
-    ControlPlane,
-    ControlPlaneError,
-    Pki,
-    recorded_process,
-    stop_recorded,
-)
+from accel_core.devtools.controlplane import APISERVER, ControlPlane, stop_recorded
+from accel_core.devtools.controlplane_errors import ControlPlaneError
+from accel_core.devtools.controlplane_pki import Pki
+from accel_core.devtools.controlplane_processes import ClusterRecord, recorded_process
 from accel_core.devtools.kubeletnode import (
     KubeletNode,
     NodeLayout,

@@ -43,18 +43,15 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from accel_core.devtools.containerdnode import ContainerdRuntime, RuntimeBinaries, stop_namespace
-from accel_core.devtools.controlplane import (
-    AdminApi,
-    ApiRequestError,
-    ControlPlaneError,
-    Pki,
+from accel_core.devtools.controlplane import AdminApi
+from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
+from accel_core.devtools.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
+from accel_core.devtools.controlplane_processes import (
     ProcessRecord,
-    issue_client_cert,
     recorded_process,
     spawn_logged,
     tail_file,
     terminate_processes,
-    write_kubeconfig,
 )
 from accel_core.hostfiles import parse_index
 from accel_core.k8snames import is_label, is_subdomain, shown

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from lightkube.models import resource_v1 as api
+from lightkube.utils.quantity import parse_quantity
 
 from accel_core.k8snames import is_c_identifier, is_label, is_name_part, is_subdomain
 
@@ -26,14 +27,6 @@ _SEMVER = re.compile(
     r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(?:-((?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?", re.ASCII)
-_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?",
-                       re.ASCII)
-_SUFFIX_VALUE = {
-    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
 _BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
 
 
@@ -119,18 +112,14 @@ def quantity(value: int | str) -> str:
 
 
 def quantity_value(text: str) -> Decimal:
-    """The numeric value of a Kubernetes quantity string; raises ValueError for malformed ones."""
-    m = _QUANTITY.fullmatch(text.strip())
-    if not m:
-        raise ValueError(f"not a quantity: {text!r}")
-    number, suffix = m.group(1), m.group(2) or ""
-    try:
-        base = Decimal(number)
-    except InvalidOperation as exc:
-        raise ValueError(f"not a quantity: {text!r}") from exc
-    if suffix[:1] in ("e", "E"):
-        return base * Decimal(10) ** int(suffix[1:])
-    return base * _SUFFIX_VALUE[suffix]
+    """The numeric value of a Kubernetes quantity string (lightkube's parser, ASCII only: ``Decimal`` also reads
+    other scripts' digits); raises ValueError for malformed ones."""
+    if not text.isascii():
+        raise ValueError(f"not a quantity: {text[:40]!r}")
+    value = parse_quantity(text)
+    if value is None:
+        raise ValueError("not a quantity: None")
+    return value
 
 
 # -- validation ------------------------------------------------------------------------------------------------

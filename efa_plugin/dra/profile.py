@@ -26,7 +26,7 @@ from pathlib import Path
 
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
 from accel_core.coexistence import device_plugin_blocks_dra
-from accel_core.dra.config import check_fields, check_type, parameters_object
+from accel_core.dra.config import decode_struct
 from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.types import ClaimError, DeviceStatusData
@@ -34,6 +34,7 @@ from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME, SOCKET_NAME
 from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
+from efa_plugin.dra.config import EfaParams
 from efa_plugin.health import SeenDevices, device_health, port_state_files, present
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
@@ -107,9 +108,7 @@ class EfaProfile:
         return device_plugin_blocks_dra(paths.device_plugins_dir, (SOCKET_NAME,), "EFA")
 
     def decode_config(self, parameters: object, where: str) -> EfaConfig:
-        params = parameters_object(parameters, where)
-        check_fields(params, where, ("apiVersion", "kind"))
-        check_type(params, where, API_VERSION, KIND)
+        decode_struct(parameters, where, (EfaParams,))
         return EfaConfig()
 
     def container_edits(self, inventory: EfaInventory, request: str, devices: Sequence[str],

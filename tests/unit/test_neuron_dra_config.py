@@ -42,8 +42,7 @@ def test_unknown_field_errors_stay_short() -> None:
         decode_parameters(params, "config[0]")
     message = str(err.value)
     assert len(message) < 500, f"{len(message)} characters"
-    assert "unknown field 'field00000-" + "x" * 29 + "...'" in message
-    assert "and 59995 more" in message
+    assert "unknown field 'field00000-" + "x" * 29 + "...'" in message  # the first one, cut short
 
 
 @pytest.mark.parametrize(("params", "pattern"), [
