@@ -20,7 +20,12 @@ from accel_core.edits import ContainerEdits
 #: The minimum version for what this writer emits: device-node ``hostPath`` and device names that start with a
 #: digit (claim UIDs) need 0.5.0; nothing written here (no annotations, intelRdt, netDevices) needs more.
 CDI_VERSION = "0.5.0"
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
+#: CDI device names (and our spec ids): letters, digits, ``_ . : -``, starting and ending with a letter or digit
+#: (containerd's CDI library refuses the whole spec for a name that ends otherwise).
+#: Characters a YAML reader refuses raw (containerd's CDI library reads specs as YAML): DEL and the C1 controls but
+#: NEL, and the two BMP non-characters. json.dumps already escapes the C0 controls.
+_YAML_UNPRINTABLE = re.compile("[\x7f-\x84\x86-\x9f\ufffe\uffff]")
+_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?", re.ASCII)
 
 
 class CdiError(Exception):
@@ -105,10 +110,21 @@ class CdiSpecWriter:
         devices = list(devices)
         self.check(spec_id, (name for name, _ in devices))
         entries = [{"name": name, "containerEdits": _edits_json(edits)} for name, edits in devices]
+        for entry in entries:
+            if not entry["containerEdits"]:  # containerd's CDI library refuses the whole spec for such a device
+                raise CdiError(f"CDI device {entry['name']!r} for {self.spec_path(spec_id)} has no container edits")
         spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": entries}
         if common is not None:
             spec["containerEdits"] = _edits_json(common)
-        return json.dumps(spec, indent=2) + "\n", [self.qualified(name) for name, _ in devices]
+        # UTF-8, not \u escapes: the CDI library's YAML decoder refuses the surrogate pairs json writes beyond the BMP.
+        # What YAML refuses raw is escaped (valid JSON and YAML); structure is ASCII, so only string values change.
+        text = json.dumps(spec, indent=2, ensure_ascii=False) + "\n"
+        text = _YAML_UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate in a value
+            raise CdiError(f"CDI spec {self.spec_path(spec_id)} would not be valid UTF-8: {exc.reason}") from exc
+        return text, [self.qualified(name) for name, _ in devices]
 
     def write(self, spec_id: str, devices: Iterable[tuple[str, ContainerEdits]],
               common: ContainerEdits | None = None) -> list[str]:
@@ -125,8 +141,9 @@ class CdiSpecWriter:
         path = self.spec_path(spec_id)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            if not _create(path, text.encode()):
-                atomic_write_text(path, text, mode=0o644, durable=False)
+            data = text.encode()
+            if not _create(path, data):
+                atomic_write_text(path, data, mode=0o644, durable=False)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {path}: {exc}") from exc
         return ids
@@ -136,14 +153,14 @@ class CdiSpecWriter:
         """True when the spec file holds exactly what :meth:`write` would write (False if missing or damaged)."""
         text, _ = self.render(spec_id, devices, common)
         try:
-            return self.spec_path(spec_id).read_text() == text
+            return self.spec_path(spec_id).read_bytes() == text.encode()
         except (OSError, UnicodeDecodeError):
             return False
 
     def read(self, spec_id: str) -> dict[str, Any] | None:
         path = self.spec_path(spec_id)
         try:
-            data: dict[str, Any] = json.loads(path.read_text())
+            data: dict[str, Any] = json.loads(path.read_bytes())
             return data
         except FileNotFoundError:
             return None

@@ -23,9 +23,9 @@ _paths = st.from_regex(r"/[a-z0-9/_.-]{1,30}", fullmatch=True)
 _nodes = st.builds(DeviceNode, _paths, st.none() | _paths, st.sampled_from(["r", "rw", "rwm"]),
                    st.none() | st.integers(0, 511), st.none() | st.integers(0, 2**20))
 _mounts = st.builds(Mount, _paths, _paths, st.booleans())
-# Values from the Basic Multilingual Plane: beyond it, see test_an_env_value_beyond_the_bmp_loads.
+# Any text UTF-8 can hold (beyond the Basic Multilingual Plane too: test_an_env_value_beyond_the_bmp_loads).
 _env = st.tuples(st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True),
-                 st.text(st.characters(max_codepoint=0xFFFF, codec="utf-8"), max_size=20))
+                 st.text(st.characters(codec="utf-8"), max_size=20))
 _edits = st.builds(ContainerEdits, device_nodes=st.lists(_nodes, max_size=3).map(tuple),
                    env=st.lists(_env, max_size=3).map(tuple), mounts=st.lists(_mounts, max_size=2).map(tuple))
 _device_edits = _edits.filter(lambda e: e != ContainerEdits())  # a device without edits: see the test below
@@ -77,26 +77,26 @@ def test_the_same_device_name_in_two_specs_is_dropped(tmp_path: Path) -> None:
 
 def test_a_device_without_edits_makes_the_whole_spec_refused(tmp_path: Path) -> None:
     """pkg/cdi refuses a device with empty container edits, and with it every device of that spec: the writer
-    must never write one (the old JSON schema let it pass)."""
-    writer = CdiSpecWriter(tmp_path, "k8s.efa.aws.com", "claim")
-    writer.write("u-1", [("u-1-efa-0", ContainerEdits(env=(("A", "1"),))), ("u-1-efa-1", ContainerEdits())])
+    refuses to write one (the old JSON schema let it pass)."""
+    spec = {"cdiVersion": "0.5.0", "kind": "k8s.efa.aws.com/claim",
+            "devices": [{"name": "u-1-efa-0", "containerEdits": {"env": ["A=1"]}},
+                        {"name": "u-1-efa-1", "containerEdits": {}}]}
+    (tmp_path / "k8s.efa.aws.com-claim_u-1.json").write_text(json.dumps(spec))
     report = run_oracle([tmp_path], ["k8s.efa.aws.com/claim=u-1-efa-0"])
     assert not report.ok and report.unresolved == ["k8s.efa.aws.com/claim=u-1-efa-0"]
     assert "empty device edits" in report.problems()
+    writer = CdiSpecWriter(tmp_path / "w", "k8s.efa.aws.com", "claim")
+    with pytest.raises(CdiError, match="u-1-efa-1"):
+        writer.write("u-1", [("u-1-efa-0", ContainerEdits(env=(("A", "1"),))), ("u-1-efa-1", ContainerEdits())])
+    assert not writer.spec_path("u-1").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="accel_core/dra/cdi.py writes JSON with ensure_ascii, so U+10000 becomes "
-                   "the surrogate pair \\ud800\\udc00, which pkg/cdi's YAML decoder refuses ('invalid Unicode "
-                   "character escape code'); writing UTF-8 (ensure_ascii=False) would fix it")
 def test_an_env_value_beyond_the_bmp_loads(tmp_path: Path) -> None:
     writer = CdiSpecWriter(tmp_path, "k8s.efa.aws.com", "claim")
     writer.write("u-1", [("u-1-efa-0", ContainerEdits(env=(("A", "\U00010000"),)))])
     assert_cdi_accepts(tmp_path, ["k8s.efa.aws.com/claim=u-1-efa-0"])
 
 
-@pytest.mark.xfail(strict=True, reason="accel_core/dra/cdi.py's name check allows a trailing '.', ':', '-' or "
-                   "'_', which pkg/cdi refuses ('should end with a letter or digit') along with the whole spec; the "
-                   "writer should refuse such a name itself (CdiError)")
 def test_a_name_ending_in_punctuation_is_refused_by_the_writer(tmp_path: Path) -> None:
     writer = CdiSpecWriter(tmp_path, "k8s.efa.aws.com", "claim")
     assert not check_spec({"cdiVersion": "0.5.0", "kind": "k8s.efa.aws.com/claim",
@@ -106,7 +106,7 @@ def test_a_name_ending_in_punctuation_is_refused_by_the_writer(tmp_path: Path) -
 
 
 def test_an_id_the_spec_does_not_hold_is_unresolvable(tmp_path: Path) -> None:
-    CdiSpecWriter(tmp_path, "k8s.efa.aws.com", "claim").write("u-1", [("u-1-efa-0", ContainerEdits())])
+    CdiSpecWriter(tmp_path, "k8s.efa.aws.com", "claim").write("u-1", [("u-1-efa-0", ContainerEdits(env=(("A", "1"),)))])
     report = run_oracle([tmp_path], ["k8s.efa.aws.com/claim=u-1-efa-1"])
     assert not report.ok and report.unresolved == ["k8s.efa.aws.com/claim=u-1-efa-1"]
 

@@ -372,7 +372,7 @@ def test_a_started_entry_of_an_older_version_keeps_its_devices(rig: Rig) -> None
     is no orphan, and the kubelet's retry completes it."""
     ref = rig.reader.add(make_claim("u-1", [2]))
     _started_entry(rig, ref, 2)
-    rig.cdi.write("u-1", [("u-1-neuron-device-2", ContainerEdits())])
+    rig.cdi.write("u-1", [("u-1-neuron-device-2", ContainerEdits(env=(("NEURON_RT_VISIBLE_CORES", "8-11"),)))])
     rig.restart()
     assert rig.orphans == [] and rig.cdi.exists("u-1")
     other = rig.reader.add(make_claim("u-2", [2], name="other"))
