@@ -127,7 +127,7 @@ def run_size(cp: ControlPlane, clients: Clients, nodes: list[str], procs: int, i
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--nodes", default="500", help="fleet sizes, comma-separated, grown in place")
+    parser.add_argument("--nodes", default="100", help="fleet sizes, comma-separated, grown in place (500,5000)")
     parser.add_argument("--procs", type=int, default=4, help="worker processes the publishers are spread over")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle window")
     args = parser.parse_args()

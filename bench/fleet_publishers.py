@@ -23,6 +23,7 @@ from fleet_shapes import scan_devices
 
 from accel_core.dra.cli import kube_client, kube_config
 from accel_core.dra.slices import SlicePublisher, Taint, Version
+from accel_core.logs import setup_logging
 
 
 def raise_fd_limit() -> None:
@@ -73,5 +74,6 @@ async def serve(conn: Connection, kubeconfig: str, nodes: list[str]) -> None:
 
 
 def worker(conn: Connection, kubeconfig: str, nodes: list[str]) -> None:
+    setup_logging("WARNING")  # the publishers' retries, with their errors, as a driver logs them
     raise_fd_limit()
     asyncio.run(serve(conn, kubeconfig, nodes))
