@@ -6,12 +6,15 @@ Workload: ``--pods`` pods using one of the seed's claim templates (examples/), c
 shape (``--shapes``: ``ours``, ``minimal`` = the same devices with only the attributes the workloads read, and
 the ``no-*`` variants that drop one part of ours) it prints pods/s (all pods / first create -> last PodScheduled),
 the p50/p99 from each pod's create to its PodScheduled (seen on a watch) and the scheduler's CPU time per pod.
-``--prefill`` first places that many pods of the same workload, untimed (a half-full cluster). Between shapes the
+``--prefill`` first places that many pods of the same workload, untimed (a half-full cluster). ``--lone`` then
+times pods one at a time, into the empty cluster and (``--half-full``) into one with half of every node's devices
+allocated (see :mod:`fleet_lone`). ``--nodes 100,500,5000`` grows one fleet in place. Between shapes the
 slices are replaced and the previous pods and claims deleted. The controller-manager and scheduler get a higher
 client QPS (``--client-qps``): at their defaults (20 and 50) the claim controller caps a DRA workload near
 10 pods/s, whatever the slices look like.
 
-    .venv/bin/python bench/bench_fleet_sim.py --nodes 500 --mix trn2 --pods 200 --shapes ours,minimal
+    .venv/bin/python bench/bench_fleet_sim.py --nodes 500,5000 --mix trn2 --pods 100 --shapes ours,minimal \
+        --repeat 2 --lone 40 --half-full
 
 Mixes: ``trn2`` (trn2.48xlarge, Neuron slices), ``trn2-efa`` (plus its EFA slices), ``p5`` (p5.48xlarge, EFA).
 """
@@ -29,6 +32,7 @@ from typing import Any
 
 import yaml
 from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods
+from fleet_lone import delete_claims, fill_half, lone_pods
 from fleet_shapes import SHAPES, NodeDevices, reshape, scan_devices
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
@@ -95,7 +99,7 @@ def clean_namespace(clients: Clients, ns: str) -> int:
     return left
 
 
-def summarise(results: list[tuple[str, dict[str, float]]]) -> None:
+def summarise(size: int, results: list[tuple[str, dict[str, float]]]) -> None:
     """Per shape, the medians over its runs and their ratio to the minimal shape's."""
     by_shape: dict[str, dict[str, float]] = {}
     for shape in dict(results):
@@ -103,18 +107,51 @@ def summarise(results: list[tuple[str, dict[str, float]]]) -> None:
         by_shape[shape] = {k: statistics.median(r[k] for r in runs) for k in ("pods_s", "p50", "p99", "cpu_ms")}
     base = by_shape.get("minimal")
     for shape, med in by_shape.items():
-        line = (f"  median {shape:20s} {med['pods_s']:5.1f} pods/s, p50 {med['p50']:5.0f} ms, "
-                f"p99 {med['p99']:5.0f} ms, "
-                f"scheduler CPU {med['cpu_ms']:4.0f} ms/pod")
+        line = (f"  {size} nodes: median {shape:18s} {med['pods_s']:5.1f} pods/s, p50 {med['p50']:5.0f} ms, "
+                f"p99 {med['p99']:5.0f} ms, scheduler CPU {med['cpu_ms']:4.0f} ms/pod")
         if base and med["pods_s"] and med["cpu_ms"]:
             line += (f"; vs minimal: time per pod x{base['pods_s'] / med['pods_s']:.2f}, "
                      f"scheduler CPU per pod x{med['cpu_ms'] / base['cpu_ms']:.2f}")
-        print(line)
+        print(line, flush=True)
+
+
+def lone_runs(clients: Clients, tag: str, shape: str, args: argparse.Namespace, nodes: list[str],
+              kinds: list[NodeDevices], template_path: Path) -> None:
+    """``--lone`` pods one at a time into the empty cluster, then (``--half-full``) into a half-full one."""
+    client = clients.get()
+    template, claim = load_template(template_path)
+    tname = template["metadata"]["name"]
+    phases = ["empty"] + (["half-full"] if args.half_full else [])
+    filled: set[str] = set()
+    for phase in phases:
+        ns = f"lone-{tag}-{phase}"
+        if phase == "half-full":
+            devices = [d.name for d in kinds[0].devices if d.name.startswith("neuron-device-")]
+            filled = set(devices[: len(devices) // 2])
+            t_fill = fill_half(clients, f"fill-{tag}", nodes, kinds[0].driver, devices,
+                               next(k for k, v in DEVICE_CLASSES.items() if v == kinds[0].driver))
+            time.sleep(3)  # let the scheduler's informers catch up
+            print(f"  {shape:20s} half-full: {len(nodes)} claims of {len(devices) // 2} devices allocated in "
+                  f"{t_fill:.1f} s", flush=True)
+        fresh_namespace(client, ns)
+        client.create(ResourceClaimTemplate.from_dict(template), namespace=ns)  # type: ignore[call-overload]
+        res = lone_pods(clients, ns, [pod_manifest(f"l-{i:04d}", tname, claim) for i in range(args.lone)],
+                        args.timeout)
+        taken = sum(r.device in filled for c in client.list(ResourceClaim, namespace=ns)
+                    for r in ((c.status.allocation.devices.results or []) if c.status and c.status.allocation
+                              and c.status.allocation.devices else []))
+        print(f"  {shape:20s} lone claim, {phase:9s}: {res['scheduled']:.0f}/{args.lone} pods one at a time, "
+              f"create->scheduled p50 {res['p50']:5.0f} ms p99 {res['p99']:5.0f} ms max {res['max']:5.0f} ms; "
+              f"devices given that the fill holds: {taken}", flush=True)
+        clean_namespace(clients, ns)
+    if args.half_full:
+        delete_claims(clients, f"fill-{tag}")
+        clean_namespace(clients, f"fill-{tag}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=100, help="fleet size (100, 500, 1000, 5000)")
+    parser.add_argument("--nodes", default="100", help="fleet sizes, comma-separated, grown in place (100,500,5000)")
     parser.add_argument("--mix", choices=sorted(MIXES), default="trn2")
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--shapes", default="ours,minimal", help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -123,12 +160,21 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=0,
                         help="pods of the same workload placed first (untimed), e.g. half the fleet's capacity")
     parser.add_argument("--repeat", type=int, default=1, help="run the list of shapes this many times, in turn")
+    parser.add_argument("--lone", type=int, default=0,
+                        help="then this many pods one at a time (first round, --lone-shapes only)")
+    parser.add_argument("--lone-shapes", default="ours,minimal", help="shapes the --lone pods run against")
+    parser.add_argument("--half-full", action="store_true",
+                        help="repeat the --lone pods with half of every node's devices allocated")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one workload")
     args = parser.parse_args()
     shapes = args.shapes.split(",")
-    unknown = [s for s in shapes if s not in SHAPES]
+    unknown = [s for s in shapes + args.lone_shapes.split(",") if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    try:
+        sizes = sorted(int(n) for n in args.nodes.split(","))
+    except ValueError:
+        parser.error(f"--nodes {args.nodes!r}: not a comma-separated list of integers")
     if missing_binaries(kube_bin_dir()):
         print("Kubernetes binaries missing (scripts/build-kube.sh): nothing to measure")
         return 0
@@ -136,7 +182,6 @@ def main() -> int:
     workload = REPO / (args.workload or default_workload)
     kinds = scan_devices(instance_type, efa=efa)
     qps = [f"--kube-api-qps={args.client_qps}", f"--kube-api-burst={2 * args.client_qps}"]
-    nodes = [f"{args.mix}-{i:05d}" for i in range(args.nodes)]
     with tempfile.TemporaryDirectory(prefix="fleet-sim-", dir="/tmp") as tmp, ControlPlane(
             Path(tmp) / "cp", extra_args={"kube-controller-manager": qps, "kube-scheduler": qps}) as cp:
         clients = Clients(cp.admin_kubeconfig)
@@ -144,28 +189,38 @@ def main() -> int:
         for name, driver in DEVICE_CLASSES.items():
             client.create(DeviceClass.from_dict({"metadata": {"name": name}, "spec": {"selectors": [  # type: ignore[call-overload]
                 {"cel": {"expression": f'device.driver == "{driver}"'}}]}}))
-        t_nodes = parallel(lambda i: create_node(clients, nodes[i], instance_type, i), range(len(nodes)))
-        print(f"{args.nodes} {instance_type} nodes created in {t_nodes:.1f} s; workload {workload.name}, "
-              f"{args.pods} pods; slices per node: {', '.join(k.driver for k in kinds)}", flush=True)
-        results: list[tuple[str, dict[str, float]]] = []
-        for i, shape in enumerate(shapes * args.repeat):
-            t_pub = publish(clients, nodes, kinds, shape)
-            time.sleep(3)  # let the scheduler's informers catch up
-            if args.prefill:
-                fill = run_workload(clients, f"fill-{i}", workload, args.prefill, args.timeout * 10,
-                                    cp.pids()["kube-scheduler"])
-                print(f"  {shape:20s} prefilled: {fill['scheduled']:.0f}/{args.prefill} pods placed", flush=True)
-            res = run_workload(clients, f"run-{i}", workload, args.pods, args.timeout, cp.pids()["kube-scheduler"])
-            results.append((shape, res))
-            print(f"  {shape:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
-                  f"{res['pods_s']:5.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms p99 {res['p99']:5.0f} ms, "
-                  f"scheduler CPU {res['cpu_ms']:4.0f} ms/pod", flush=True)
-            left = clean_namespace(clients, f"run-{i}") + (clean_namespace(clients, f"fill-{i}") if args.prefill else 0)
-            if left:
-                print(f"  warning: {left} claims of run {i} still exist 120 s after their pods were deleted")
-        print(f"  RSS GiB: {rss_gib(cp)}")
-        summarise(results)
-    print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        nodes: list[str] = []
+        for size in sizes:
+            new = [f"{args.mix}-{i:05d}" for i in range(len(nodes), size)]
+            t_nodes = parallel(lambda name: create_node(clients, name, instance_type, int(name[-5:])), new)
+            nodes += new
+            print(f"{size} {instance_type} nodes ({len(new)} created in {t_nodes:.1f} s); workload {workload.name}, "
+                  f"{args.pods} pods; slices per node: {', '.join(k.driver for k in kinds)}", flush=True)
+            results: list[tuple[str, dict[str, float]]] = []
+            for i, shape in enumerate(shapes * args.repeat):
+                tag = f"{size}-{i}"
+                t_pub = publish(clients, nodes, kinds, shape)
+                time.sleep(3)  # let the scheduler's informers catch up
+                if args.prefill:
+                    fill = run_workload(clients, f"fill-{tag}", workload, args.prefill, args.timeout * 10,
+                                        cp.pids()["kube-scheduler"])
+                    print(f"  {shape:20s} prefilled: {fill['scheduled']:.0f}/{args.prefill} pods placed", flush=True)
+                res = run_workload(clients, f"run-{tag}", workload, args.pods, args.timeout,
+                                   cp.pids()["kube-scheduler"])
+                results.append((shape, res))
+                print(f"  {shape:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
+                      f"{res['pods_s']:5.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms "
+                      f"p99 {res['p99']:5.0f} ms, scheduler CPU {res['cpu_ms']:4.0f} ms/pod", flush=True)
+                left = clean_namespace(clients, f"run-{tag}")
+                if args.prefill:
+                    left += clean_namespace(clients, f"fill-{tag}")
+                if left:
+                    print(f"  warning: {left} claims of run {tag} still exist 120 s after their pods were deleted")
+                if args.lone and i < len(shapes) and shape in args.lone_shapes.split(","):
+                    lone_runs(clients, tag, shape, args, nodes, kinds, workload)
+            print(f"  {size} nodes: RSS GiB: {rss_gib(cp)}; load average "
+                  f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+            summarise(size, results)
     return 0
 
 

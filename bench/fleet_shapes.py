@@ -3,7 +3,9 @@
 The devices come from the drivers' own code (the profile's ``scan`` of a fake host tree of the instance type, then
 :func:`accel_core.dra.publisher.build_slices`), i.e. what ``neuron-dra-driver slices`` / ``efa-dra-driver slices``
 print. A *shape* rewrites each device of those slices: ``ours`` leaves them alone, ``minimal`` keeps only the
-attributes the workloads' selectors and constraints read, and the ``no-*`` shapes drop one part of ours each.
+attributes the workloads' selectors and constraints read, the ``no-*`` shapes drop one part of ours each, and
+``int-cores-memory`` / ``old-capacity`` add a Neuron device's core count and memory (catalog facts) back to ours,
+as int attributes or as the device capacity published before 0.1.0's change.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accel_core.awsfacts import catalog
 from accel_core.dra.devices import CounterSet, SliceDevice
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.publisher import build_slices
@@ -74,8 +77,26 @@ def _minimal(dev: Device) -> None:
     dev.pop("capacity", None)
 
 
-def _drop_capacity(dev: Device) -> None:
-    dev.pop("capacity", None)
+def _neuron_spec(dev: Device) -> catalog.NeuronSpec | None:
+    """The catalog's Neuron facts for a Neuron chip device (None for EFA and UltraServer node devices)."""
+    attrs = dev.get("attributes", {})
+    if attrs.get("resourceType", {}).get("string") != "neuron_device":
+        return None
+    return catalog.get(attrs["instanceType"]["string"]).neuron
+
+
+def _int_cores_memory(dev: Device) -> None:
+    spec = _neuron_spec(dev)
+    if spec is not None:
+        dev["attributes"]["cores"] = {"int": spec.cores_per_device}
+        dev["attributes"]["memory"] = {"int": spec.memory_bytes}
+
+
+def _old_capacity(dev: Device) -> None:
+    spec = _neuron_spec(dev)
+    if spec is not None:
+        dev["capacity"] = {"cores": {"value": str(spec.cores_per_device)},
+                           "memory": {"value": str(spec.memory_bytes)}}
 
 
 def _strings_only_needed(dev: Device) -> None:
@@ -86,7 +107,8 @@ SHAPES: dict[str, Callable[[Device], None] | None] = {
     "ours": None,
     "minimal": _minimal,
     "no-draDriverVersion": _drop_attrs("draDriverVersion"),
-    "no-capacity": _drop_capacity,
+    "int-cores-memory": _int_cores_memory,
+    "old-capacity": _old_capacity,
     "no-group-1-8-16": _drop_attrs(*GROUP_IDS),
     "no-topology": _drop_attrs(*TOPOLOGY),
     "no-pci": _drop_attrs(*PCI),

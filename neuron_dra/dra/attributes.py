@@ -1,4 +1,4 @@
-"""What the driver publishes for each Neuron device: ResourceSlice attributes, capacity and health taints.
+"""What the driver publishes for each Neuron device: ResourceSlice attributes and health taints.
 
 One device per Neuron device (chip), named ``neuron-device-<i>``. Unqualified attribute names belong to the
 driver's domain (CEL ``device.attributes['neuron.aws.com'].deviceId``):
@@ -11,7 +11,8 @@ driver's domain (CEL ``device.attributes['neuron.aws.com'].deviceId``):
   (see :mod:`accel_core.awsfacts.neuron_efa`);
 - ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID`` when the PCI function is known.
 
-Capacity: ``memory`` (device HBM, bytes) and ``cores`` (physical NeuronCores).
+No capacity: AWS's attribute reference names none, and a per-device capacity costs kube-scheduler CPU on every
+candidate device of every pod (docs/benchmarks.md, "Fleet scale").
 An unhealthy device keeps its entry and gets the taint ``neuron.aws.com/unhealthy=<Reason>:NoSchedule``.
 """
 
@@ -69,16 +70,6 @@ def device_attributes(inv: NeuronInventory, dev: NeuronDevice, dra_version: str)
     return attrs
 
 
-def device_capacity(dev: NeuronDevice) -> dict[str, int | str]:
-    cap: dict[str, int | str] = {}
-    if dev.memory_bytes > 0:
-        cap["memory"] = dev.memory_bytes
-    if dev.core_count > 0:
-        cap["cores"] = dev.core_count
-    return cap
-
-
 def slice_devices(inv: NeuronInventory, dra_version: str) -> list[SliceDevice]:
     """The pool's devices in index order (the service taints unhealthy ones: :func:`accel_core.dra.profile.tainted`)."""
-    return [SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version), device_capacity(dev))
-            for dev in inv.devices]
+    return [SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version)) for dev in inv.devices]

@@ -61,10 +61,8 @@ class NeuronProfile:
         ids = inv.ultraserver
         if ids is not None and devices:
             devices = [replace(d, consumes=us_dra.chip_consumes()) for d in devices]
-            cores = inv.devices[0].core_count
-            memory = inv.devices[0].memory_bytes
             devices.append(us_dra.node_device(ids, inv.instance_type, inv.driver_version, dra_version,
-                                              len(inv.devices), cores, memory))
+                                              len(inv.devices)))
             counters = (us_dra.chip_counters(len(inv.devices)),)
             sick = next((h for h in health.values() if not h.healthy), None)
             if sick is not None:  # the node's share is only as good as its worst chip

@@ -53,13 +53,9 @@ def node_attributes(ids: UltraServerIds, instance_type: str, driver_version: str
 
 
 def node_device(ids: UltraServerIds, instance_type: str, driver_version: str | None, dra_version: str,
-                chips: int, cores_per_chip: int, memory_per_chip: int) -> SliceDevice:
-    capacity: dict[str, int | str] = {"devices": chips}
-    if cores_per_chip:
-        capacity["cores"] = chips * cores_per_chip
-    if memory_per_chip:
-        capacity["memory"] = chips * memory_per_chip
-    return SliceDevice(NODE_DEVICE, node_attributes(ids, instance_type, driver_version, dra_version), capacity,
+                chips: int) -> SliceDevice:
+    """The node's share of the UltraServer: consumes every chip's counter; no capacity (as the chips)."""
+    return SliceDevice(NODE_DEVICE, node_attributes(ids, instance_type, driver_version, dra_version),
                        consumes={COUNTER_SET: {COUNTER: chips}})
 
 
