@@ -11,6 +11,7 @@ accelerators claiming one catalog section.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ class Accelerator:
     """``package:file.yaml``: extra instance types, in the format of ``accel_core/awsfacts/instances.yaml``."""
     fakehost: str | None = None
     """``module:attribute`` of its fake-host writer (:class:`accel_core.fakehost.parts.HostPart` subclass)."""
+    distribution: str = ""
+    """The installed distribution that declares it (filled in by :func:`accelerators`)."""
 
     @property
     def scripts(self) -> dict[str, str]:
@@ -102,7 +105,7 @@ def accelerators() -> tuple[Accelerator, ...]:
         acc = ep.load()
         if not isinstance(acc, Accelerator):
             raise RegistryError(f"entry point {ep.name} ({ep.value}) is not an Accelerator declaration")
-        found.append(acc)
+        found.append(dataclasses.replace(acc, distribution=ep.dist.name if ep.dist is not None else ""))
     out = tuple(found)
     check(out)
     return out

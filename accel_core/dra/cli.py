@@ -86,6 +86,9 @@ class DriverCli:
     description: str
     metrics_port: int
     profile: Callable[[], DraProfile[Any, Any]]
+    healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT
+    """The liveness port's default: each driver's own (its registry declaration), so two drivers on a node
+    never collide without a chart."""
 
     def parser(self) -> EnvArgumentParser:
         parser = EnvArgumentParser(prog=self.prog, description=self.description)
@@ -97,8 +100,9 @@ class DriverCli:
         serve.add_env_argument("--pod-uid", env=ENV_POD_UID, type=uid, default=None,
                                help="this pod's UID, for per-pod socket names during rolling updates (env POD_UID)")
         serve.add_env_argument("--healthcheck-port", env="HEALTHCHECK_PORT", type=port_or_disabled,
-                               default=DEFAULT_HEALTHCHECK_PORT,
-                               help="gRPC liveness port (env HEALTHCHECK_PORT; default 51515; -1 off, 0 picks one)")
+                               default=self.healthcheck_port,
+                               help=f"gRPC liveness port (env HEALTHCHECK_PORT; default {self.healthcheck_port}; "
+                                    "-1 off, 0 picks one)")
         serve.add_argument("--kubeconfig", default=None,
                            help="kubeconfig file (default: KUBECONFIG, then in-cluster)")
         serve.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds,

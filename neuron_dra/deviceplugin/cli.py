@@ -26,11 +26,12 @@ from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import setup_logging
 from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_paths
+from neuron_dra.accelerator import DEVICE_PLUGIN
 from neuron_dra.deviceplugin import guard
 from neuron_dra.deviceplugin.options import DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, REGISTRATIONS, ServeOptions
 from neuron_dra.presence import devices_present
 
-METRICS_PORT = 9811
+METRICS_PORT = DEVICE_PLUGIN.metrics_port
 
 
 def build_parser() -> EnvArgumentParser:
