@@ -26,7 +26,7 @@ from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import setup_logging
 from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_paths
-from neuron_dra.deviceplugin import guard
+from neuron_dra import COEXISTENCE
 from neuron_dra.deviceplugin.options import DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, REGISTRATIONS, ServeOptions
 from neuron_dra.presence import devices_present
 
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         safe_stdout()
         paths = resolve_paths(args)
         inv = discover(paths)
-        blocked = guard.blocked_reason(paths)
+        blocked = COEXISTENCE.device_plugin_blocked(paths)
         if args.output == "json":
             print(json.dumps(inventory_report(inv, blocked), indent=2))
         else:
@@ -108,7 +108,7 @@ def early_servers(paths: HostPaths, options: ServeOptions) -> list[DevicePluginS
     """Both servers, without policies yet: they register when this node shows Neuron devices and no DRA driver."""
 
     def expected() -> bool:
-        return devices_present(paths) and guard.blocked_reason(paths) is None
+        return devices_present(paths) and COEXISTENCE.device_plugin_blocked(paths) is None
 
     return [DevicePluginServer(None, paths, resource_name=resource, socket_name=socket, expect_devices=expected,
                                retry_interval=options.retry_interval) for resource, socket in REGISTRATIONS]
