@@ -304,3 +304,18 @@ def test_sizes_beyond_the_node_are_refused(tmp_path: Path) -> None:
             dev.preferred(everything, [], size)
     with pytest.raises(AllocationError, match="allocation size 33 is not within the 32 IDs"):
         core.preferred([str(i) for i in range(32)], [], 33)
+
+
+def test_a_vanished_device_keeps_its_numa_node_in_both_daemons(tmp_path: Path) -> None:
+    """One memory of seen devices (neuron_dra.scanner): the device plugin advertises a vanished device with the
+    NUMA node it had, as the DRA driver publishes it, so its topology hint stays put while it is gone."""
+    fake, node, dev, _ = make(tmp_path, "trn2.48xlarge")
+    pci = node.inventory.device(2).pci_address
+    numa = int((fake.root / f"sys/bus/pci/devices/{pci}/numa_node").read_text())  # the host's own answer
+    profile = NeuronProfile()
+    profile.scan(node.paths, "0.1.0")
+    fake.remove_neuron(2)
+    node.rediscover()
+    advertised = {d.id: d for d in dev.devices()}["2"]
+    assert not advertised.healthy and advertised.numa_node == numa
+    assert profile.scan(node.paths, "0.1.0").inventory.device(2).numa_node == numa
