@@ -15,7 +15,6 @@ from accel_core.cli import (
     EnvArgumentParser,
     add_common_flags,
     add_logging_flags,
-    choice,
     node_name,
     safe_stdout,
     seconds,
@@ -29,6 +28,7 @@ from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_p
 from neuron_dra import COEXISTENCE
 from neuron_dra.deviceplugin.options import DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, REGISTRATIONS, ServeOptions
 from neuron_dra.presence import devices_present
+from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
 METRICS_PORT = 9811
 
@@ -56,10 +56,7 @@ def build_parser() -> EnvArgumentParser:
     srv.add_env_argument("--allocation-grace", env="ALLOCATION_GRACE", type=seconds_or_zero, default=30.0,
                          help="seconds an Allocate stays in use without PodResources confirming it "
                               "(env ALLOCATION_GRACE; default 30)")
-    srv.add_env_argument("--core-numbering", env="NEURON_CORE_NUMBERING", type=choice("container", "host"),
-                         default="container",
-                         help="NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+, default) or "
-                              "host (env NEURON_CORE_NUMBERING)")
+    CORE_NUMBERING_FLAG.add_to(srv)
     srv.add_env_argument("--node-name", env=ENV_NODE_NAME, type=node_name, default=None,
                          help="this node's name, for the UltraServer labels on its Node (env NODE_NAME)")
     srv.add_argument("--kubeconfig", default=None,

@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from accel_core.dra.cli import DriverCli
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.dra.profile import NeuronProfile
+from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
 METRICS_PORT = 9812
 
 CLI = DriverCli(prog="neuron-dra-driver", description=f"the Neuron DRA kubelet plugin for {DRA_DRIVER_NAME}",
-                metrics_port=METRICS_PORT, profile=NeuronProfile)
+                metrics_port=METRICS_PORT, profile=NeuronProfile, flags=(CORE_NUMBERING_FLAG,))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

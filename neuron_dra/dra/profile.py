@@ -10,8 +10,9 @@
   gone (only its taint changes) and it comes back unchanged; the coexistence guard;
 - config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request; ``UltraServerConfig``, the
   UltraServer runtime env for a ``neuron-node`` request;
-- container edits: ``/dev/neuron<i>`` per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of
-  the request's devices, numbered as the runtime in the container numbers them: see neuron_dra.runtime_env) and
+- container edits, from the builder the device plugin's Allocate uses (:mod:`neuron_dra.edits`): ``/dev/neuron<i>``
+  per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of the request's devices, numbered by
+  ``--core-numbering`` as the device plugin numbers them: see neuron_dra.runtime_env) and
   ``NEURON_LOGICAL_NC_CONFIG`` when the claim sets it;
 - nothing is published or prepared while the Neuron device plugin runs on the node.
 """
@@ -25,14 +26,14 @@ from accel_core.awsfacts import ultraserver as us_facts
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.slices import CounterSet
 from accel_core.dra.types import ClaimError, DeviceStatusData
-from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.edits import ContainerEdits
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
-from neuron_dra.runtime_env import LNC_ENV, VISIBLE_CORES_ENV, format_core_list, visible_cores
+from neuron_dra.edits import CoreNumbering, device_node, format_core_list, runtime_env
 from neuron_dra.scanner import NeuronScanner
 
 
@@ -43,8 +44,9 @@ class NeuronProfile:
     metrics_prefix: str = "neuron_dra"
     default_config: NeuronConfig = NeuronConfig()
 
-    def __init__(self, scanner: NeuronScanner | None = None) -> None:
+    def __init__(self, scanner: NeuronScanner | None = None, *, core_numbering: CoreNumbering = "container") -> None:
         self.scanner = scanner if scanner is not None else NeuronScanner()
+        self.core_numbering: CoreNumbering = core_numbering
 
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[NeuronInventory]:
         host = self.scanner.scan(paths)
@@ -107,15 +109,12 @@ class NeuronProfile:
         for index in sorted(indices):
             per_device = max(1, by_index[index].core_count // (effective or 1))
             cores.extend(range(index * per_device, (index + 1) * per_device))
-        env = [(VISIBLE_CORES_ENV, format_core_list(visible_cores(cores, per_device)))]
-        if lnc is not None:
-            env.append((LNC_ENV, str(lnc)))
+        env = list(runtime_env(cores, cores_per_device=per_device, lnc=lnc, numbering=self.core_numbering))
         if config.ultraserver_mode is not None:
             env.extend(us_dra.runtime_env(inventory.ultraserver, config.ultraserver_mode, request,
                                           inventory.instance_type or "this node"))
-        edits = {device_name(i): ContainerEdits(device_nodes=(DeviceNode(f"/dev/neuron{i}"),))
-                 for i in sorted(indices)}
-        status = device_status([by_index[i] for i in sorted(indices)], effective)
+        edits = {device_name(i): ContainerEdits(device_nodes=(device_node(i),)) for i in sorted(indices)}
+        status = device_status([by_index[i] for i in sorted(indices)], effective, self.core_numbering)
         if whole_node:  # one device in the claim: all the node's /dev nodes go with it
             nodes = tuple(n for e in edits.values() for n in e.device_nodes)
             edits = {us_dra.NODE_DEVICE: ContainerEdits(device_nodes=nodes)}
@@ -125,16 +124,17 @@ class NeuronProfile:
         return RequestEdits(edits, ContainerEdits(env=tuple(env)), status)
 
 
-def device_status(devices: Sequence[NeuronDevice], lnc: int | None) -> dict[str, DeviceStatusData]:
+def device_status(devices: Sequence[NeuronDevice], lnc: int | None,
+                  numbering: CoreNumbering = "container") -> dict[str, DeviceStatusData]:
     """Each device's ``status.devices`` data: its index, PCI address, the cores the container sees on it (as
-    ``NEURON_RT_VISIBLE_CORES`` numbers them: the container's devices renumbered from 0, in index order) and the
-    Logical NeuronCore setting in effect."""
+    ``NEURON_RT_VISIBLE_CORES`` numbers them: with ``container`` numbering the container's devices renumbered from
+    0 in index order, with ``host`` numbering the host's indices) and the Logical NeuronCore setting in effect."""
     out: dict[str, DeviceStatusData] = {}
     for rank, dev in enumerate(devices):
         per_device = max(1, dev.core_count // (lnc or 1))
+        first = (rank if numbering == "container" else dev.index) * per_device
         data: dict[str, object] = {"index": dev.index,
-                                   "visibleCores": format_core_list(range(rank * per_device,
-                                                                          (rank + 1) * per_device))}
+                                   "visibleCores": format_core_list(range(first, first + per_device))}
         if dev.pci_address:
             data["pciBusID"] = dev.pci_address
         if lnc is not None:
