@@ -176,6 +176,26 @@ class EnvArgumentParser(argparse.ArgumentParser):
             self.set_defaults(**{option.dest: value})
 
 
+@dataclass(frozen=True)
+class EnvChoice:
+    """An env-backed flag taking one of a few values, declared once and added to every daemon that takes it (the
+    device plugin and the DRA driver of one accelerator)."""
+
+    flag: str  #: ``--core-numbering``
+    env: str
+    values: tuple[str, ...]
+    default: str
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: EnvArgumentParser) -> None:
+        parser.add_env_argument(self.flag, env=self.env, type=choice(*self.values), default=self.default,
+                                help=f"{self.help} (env {self.env}; default {self.default})")
+
+
 def add_logging_flags(parser: EnvArgumentParser, *, level: str = "INFO") -> None:
     """--log-level (env LOG_LEVEL) and --log-format (env LOG_FORMAT)."""
     parser.add_env_argument("--log-level", env="LOG_LEVEL", type=choice(*LOG_LEVELS, upper=True), default=level,

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("efa_plugin")
 
 DAEMON_NAME = "efa-device-plugin"
-UDEV_SUBSYSTEMS = ("infiniband", "infiniband_verbs")
 #: a full rescan of 32 devices costs ~5 ms of CPU: on inotify/udev events, on a port-state change the health poll
 #: sees, and on this slow safety interval only (an idle daemon pays it on every node)
 DEFAULT_RESCAN_S = 60.0
@@ -156,7 +155,7 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
             policy.watch_paths,
             stop,
             rescan_interval=rescan_interval,
-            udev_subsystems=UDEV_SUBSYSTEMS if real_host else (),
+            udev_subsystems=policy.scanner.udev_subsystems if real_host else (),
             health_files=policy.health_files,
             poll_interval=health_poll_interval,
         )

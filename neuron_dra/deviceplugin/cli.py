@@ -15,7 +15,6 @@ from accel_core.cli import (
     EnvArgumentParser,
     add_common_flags,
     add_logging_flags,
-    choice,
     node_name,
     safe_stdout,
     seconds,
@@ -26,10 +25,11 @@ from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.deviceplugin.server import DevicePluginServer, register_first
 from accel_core.logs import setup_logging
 from accel_core.paths import ENV_NODE_NAME, HostPaths, add_path_flags, resolve_paths
+from neuron_dra import COEXISTENCE
 from neuron_dra.accelerator import DEVICE_PLUGIN
-from neuron_dra.deviceplugin import guard
 from neuron_dra.deviceplugin.options import DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, REGISTRATIONS, ServeOptions
 from neuron_dra.presence import devices_present
+from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
 METRICS_PORT = DEVICE_PLUGIN.metrics_port
 
@@ -57,10 +57,7 @@ def build_parser() -> EnvArgumentParser:
     srv.add_env_argument("--allocation-grace", env="ALLOCATION_GRACE", type=seconds_or_zero, default=30.0,
                          help="seconds an Allocate stays in use without PodResources confirming it "
                               "(env ALLOCATION_GRACE; default 30)")
-    srv.add_env_argument("--core-numbering", env="NEURON_CORE_NUMBERING", type=choice("container", "host"),
-                         default="container",
-                         help="NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+, default) or "
-                              "host (env NEURON_CORE_NUMBERING)")
+    CORE_NUMBERING_FLAG.add_to(srv)
     srv.add_env_argument("--node-name", env=ENV_NODE_NAME, type=node_name, default=None,
                          help="this node's name, for the UltraServer labels on its Node (env NODE_NAME)")
     srv.add_argument("--kubeconfig", default=None,
@@ -82,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         safe_stdout()
         paths = resolve_paths(args)
         inv = discover(paths)
-        blocked = guard.blocked_reason(paths)
+        blocked = COEXISTENCE.device_plugin_blocked(paths)
         if args.output == "json":
             print(json.dumps(inventory_report(inv, blocked), indent=2))
         else:
@@ -109,7 +106,7 @@ def early_servers(paths: HostPaths, options: ServeOptions) -> list[DevicePluginS
     """Both servers, without policies yet: they register when this node shows Neuron devices and no DRA driver."""
 
     def expected() -> bool:
-        return devices_present(paths) and guard.blocked_reason(paths) is None
+        return devices_present(paths) and COEXISTENCE.device_plugin_blocked(paths) is None
 
     return [DevicePluginServer(None, paths, resource_name=resource, socket_name=socket, expect_devices=expected,
                                retry_interval=options.retry_interval) for resource, socket in REGISTRATIONS]

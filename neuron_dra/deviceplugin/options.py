@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuron_dra import NEURON_SOCKET, NEURONCORE_SOCKET
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
 from neuron_dra.runtime_env import CoreNumbering
 
-NEURON_SOCKET = "neuron-devplugin.sock"
-NEURONCORE_SOCKET = "neuroncore-devplugin.sock"
 #: resource -> socket, in registration order
+__all__ = ["NEURONCORE_SOCKET", "NEURON_SOCKET", "REGISTRATIONS", "ServeOptions"]
 REGISTRATIONS = ((NEURON, NEURON_SOCKET), (NEURONCORE, NEURONCORE_SOCKET))
 #: A full rescan (discovery of 16 devices, both device lists, the usage annotation, re-arming inotify) costs ~12 ms
 #: of CPU on trn2.48xlarge; inotify/udev events and health changes start one at once, so this is a safety net only
