@@ -2,7 +2,7 @@
 entry points of group ``aws_accel_agents.accelerators`` (``[project.entry-points]`` in a pyproject.toml).
 
 Entry points, not a list in the core: the installed metadata is where Python already keeps console scripts, so an
-accelerator in its own distribution (tests/accel_sample) registers without editing any core file, and the image
+accelerator in its own distribution (tests/sample_accelerator) registers without editing any core file, and the image
 holds exactly the accelerators installed into it. A declaration names, as ``module:attribute`` strings loaded only
 when asked for, its catalog sections and extra catalog file, its fake-host writer (dev-only), and its daemons with
 their console scripts and ports. :func:`accelerators` refuses two daemons on one metrics or health port, or two
