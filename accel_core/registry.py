@@ -102,7 +102,10 @@ def accelerators() -> tuple[Accelerator, ...]:
 
     found = []
     for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
-        acc = ep.load()
+        try:
+            acc = ep.load()
+        except Exception as exc:  # an accelerator that cannot be imported: one line naming it
+            raise RegistryError(f"entry point {ep.name} ({ep.value}) of {GROUP} cannot be loaded: {exc}") from exc
         if not isinstance(acc, Accelerator):
             raise RegistryError(f"entry point {ep.name} ({ep.value}) is not an Accelerator declaration")
         found.append(dataclasses.replace(acc, distribution=ep.dist.name if ep.dist is not None else ""))
