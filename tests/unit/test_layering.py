@@ -72,3 +72,12 @@ def test_a_device_plugin_and_a_dra_driver_share_their_accelerators_scanner() -> 
         wiring = [m for m, names in found.items() if "accel_core.coexistence" in names and not m.endswith(
             ("scanner.py", "__init__.py"))]
         assert wiring == [], f"{package}: the coexistence guard belongs to the scanner: {wiring}"
+
+
+def test_a_device_plugin_cli_is_a_declaration() -> None:
+    # the command line (flags, env, ls/serve dispatch, signals, exit codes) is accel_core.deviceplugin.cli's
+    for path in ("efa_plugin/cli.py", "neuron_dra/deviceplugin/cli.py"):
+        cli = (REPO / path).read_text()
+        assert "DevicePluginCli(" in cli
+        for machinery in ("add_subparsers", "add_env_argument", "run_daemon", "catch_stop_signals"):
+            assert machinery not in cli, f"{path}: {machinery} belongs in accel_core/deviceplugin/cli.py"
