@@ -177,14 +177,15 @@ class EnvArgumentParser(argparse.ArgumentParser):
 
 
 @dataclass(frozen=True)
-class EnvChoice:
-    """An env-backed flag taking one of a few values, declared once and added to every daemon that takes it (the
-    device plugin and the DRA driver of one accelerator)."""
+class EnvFlag:
+    """A flag declared once and added to every daemon that takes it (the device plugin and the DRA driver of one
+    accelerator, say); with ``env``, its default comes from that variable (:meth:`EnvArgumentParser.add_env_argument`).
+    """
 
     flag: str  #: ``--core-numbering``
-    env: str
-    values: tuple[str, ...]
-    default: str
+    env: str | None
+    type: Callable[[str], Any]
+    default: Any
     help: str
 
     @property
@@ -192,8 +193,15 @@ class EnvChoice:
         return self.flag.lstrip("-").replace("-", "_")
 
     def add_to(self, parser: EnvArgumentParser) -> None:
-        parser.add_env_argument(self.flag, env=self.env, type=choice(*self.values), default=self.default,
-                                help=f"{self.help} (env {self.env}; default {self.default})")
+        if self.env is None:
+            parser.add_argument(self.flag, type=self.type, default=self.default, help=self.help)
+        else:
+            parser.add_env_argument(self.flag, env=self.env, type=self.type, default=self.default, help=self.help)
+
+
+def env_choice(flag: str, env: str, values: tuple[str, ...], default: str, help: str) -> EnvFlag:
+    """An :class:`EnvFlag` taking one of ``values``; the help ends with the variable and the default."""
+    return EnvFlag(flag, env, choice(*values), default, f"{help} (env {env}; default {default})")
 
 
 def add_logging_flags(parser: EnvArgumentParser, *, level: str = "INFO") -> None:

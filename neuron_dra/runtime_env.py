@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from accel_core.cli import EnvChoice
+from accel_core.cli import env_choice
 
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 CoreNumbering = Literal["container", "host"]
 #: ``--core-numbering``: the Neuron device plugin and the Neuron DRA driver take the same flag, env and default.
-CORE_NUMBERING_FLAG = EnvChoice("--core-numbering", "NEURON_CORE_NUMBERING", ("container", "host"), "container",
-                                "NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+) or host")
+CORE_NUMBERING_FLAG = env_choice("--core-numbering", "NEURON_CORE_NUMBERING", ("container", "host"), "container",
+                                 "NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+) or host")
 
 
 def format_core_list(cores: Iterable[int]) -> str:

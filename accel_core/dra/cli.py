@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from accel_core.cli import (
     EnvArgumentParser,
-    EnvChoice,
+    EnvFlag,
     add_common_flags,
     add_logging_flags,
     choice,
@@ -88,7 +88,7 @@ class DriverCli:
     metrics_port: int
     profile: Callable[..., DraProfile[Any, Any]]
     """Makes the profile; called with each of ``flags`` as a keyword argument (by its ``dest``)."""
-    flags: tuple[EnvChoice, ...] = ()
+    flags: tuple[EnvFlag, ...] = ()
     """The driver's own flags (``serve`` and ``slices``), such as the flags its device plugin takes too."""
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT
     """The liveness port's default: each driver's own (its registry declaration), so two drivers on a node

@@ -64,3 +64,28 @@ def test_a_dra_driver_is_a_profile_and_a_three_line_cli() -> None:
             assert machinery not in modules, f"{package}/{machinery}: driver machinery belongs in accel_core/dra"
         cli = (REPO / package / "cli.py").read_text()
         assert "DriverCli(" in cli and "argparse" not in cli
+
+
+def test_the_extender_uses_no_device_plugin_internals() -> None:
+    # the connected-set code both use lives in neuron_dra/allocation.py
+    assert offenders("neuron_dra/extender", ("neuron_dra.deviceplugin",)) == []
+
+
+def test_a_device_plugin_and_a_dra_driver_share_their_accelerators_scanner() -> None:
+    # the host side (discovery, health, watch paths, health files, guard) is wired in one scanner per accelerator
+    for package, scanner in (("efa_plugin", "efa_plugin.scanner"), ("neuron_dra", "neuron_dra.scanner")):
+        found = imports(package)
+        users = {m for m, names in found.items() if scanner in names}
+        assert any("/dra/" in m for m in users) and any("/dra/" not in m for m in users), (package, users)
+        wiring = [m for m, names in found.items() if "accel_core.coexistence" in names and not m.endswith(
+            ("scanner.py", "__init__.py"))]
+        assert wiring == [], f"{package}: the coexistence guard belongs to the scanner: {wiring}"
+
+
+def test_a_device_plugin_cli_is_a_declaration() -> None:
+    # the command line (flags, env, ls/serve dispatch, signals, exit codes) is accel_core.deviceplugin.cli's
+    for path in ("efa_plugin/cli.py", "neuron_dra/deviceplugin/cli.py"):
+        cli = (REPO / path).read_text()
+        assert "DevicePluginCli(" in cli
+        for machinery in ("add_subparsers", "add_env_argument", "run_daemon", "catch_stop_signals"):
+            assert machinery not in cli, f"{path}: {machinery} belongs in accel_core/deviceplugin/cli.py"
