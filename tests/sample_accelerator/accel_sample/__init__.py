@@ -7,7 +7,7 @@ from accel_core.registry import Accelerator, Daemon
 RESOURCE = "example.com/sacc"
 SOCKET = "sacc-device-plugin.sock"
 DRIVER = "sacc.example.com"
-PLUGIN = Daemon("sample-device-plugin", "accel_sample.plugin:main", metrics_port=9830)
+PLUGIN = Daemon("sample-device-plugin", "accel_sample.plugin:main", metrics_port=9830, read_only=("ls",))
 DRA = Daemon("sample-dra-driver", "accel_sample.dra:main", metrics_port=9831, health_port=51530)
 
 ACCELERATOR = Accelerator(

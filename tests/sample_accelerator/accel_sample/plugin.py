@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from accel_core.cli import EnvArgumentParser, add_common_flags, setup_from_args
-from accel_core.daemon import run_daemon
+from accel_core.deviceplugin.cli import DevicePluginCli
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
 from accel_core.deviceplugin.runner import serve_device_plugins
 from accel_core.deviceplugin.server import DevicePluginServer
@@ -59,27 +59,32 @@ class SaccPolicy:
                               env=(("SACC_VISIBLE_DEVICES", ",".join(str(d.index) for d in devs)),))
 
 
-async def run(paths: HostPaths, stop: asyncio.Event, rescan: float, registry: CollectorRegistry) -> None:
-    policy = SaccPolicy(paths)
-    await asyncio.to_thread(policy.rediscover)
-    udev = policy.scanner.udev_subsystems if os.path.realpath(paths.host_root) == "/" else ()
-    server = DevicePluginServer(policy, paths, registry=registry)
-    await serve_device_plugins([server], policy.rediscover, policy.watch_paths, stop,
-                               rescan_interval=rescan, udev_subsystems=udev, health_files=policy.health_files,
-                               poll_interval=0.5)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = EnvArgumentParser(prog=PLUGIN.script, description=f"device plugin for {RESOURCE}")
-    serve = parser.add_subparsers(dest="command", required=True).add_parser("serve")
-    add_common_flags(serve, metrics_port=PLUGIN.metrics_port)
-    serve.add_argument("--rescan-interval", type=float, default=60.0)
-    args = parser.parse_args(argv)
-    paths = setup_from_args(args)
+def serve(paths: HostPaths, args: argparse.Namespace) -> Callable[[asyncio.Event], Awaitable[None]]:
     registry = CollectorRegistry()
     serve_metrics(registry, args.metrics_port, args.metrics_address)
-    return run_daemon(lambda stop: run(paths, stop, args.rescan_interval, registry), PLUGIN.script)
 
+    async def main(stop: asyncio.Event) -> None:
+        policy = SaccPolicy(paths)
+        await asyncio.to_thread(policy.rediscover)
+        udev = policy.scanner.udev_subsystems if os.path.realpath(paths.host_root) == "/" else ()
+        await serve_device_plugins([DevicePluginServer(policy, paths, registry=registry)], policy.rediscover,
+                                   policy.watch_paths, stop, rescan_interval=args.rescan_interval,
+                                   udev_subsystems=udev, health_files=policy.health_files,
+                                   poll_interval=args.health_poll_interval)
+    return main
+
+
+def ls(paths: HostPaths, args: argparse.Namespace) -> str:
+    policy = SaccPolicy(paths)
+    policy.rediscover()
+    rows = [{"id": d.id, "healthy": d.health.healthy, "numa": d.numa} for d in policy.inventory]
+    return json.dumps(rows) if args.output == "json" else "\n".join(f"{r['id']} {r['healthy']}" for r in rows)
+
+
+CLI = DevicePluginCli(prog=PLUGIN.script, description=f"device plugin for {RESOURCE}", metrics_port=PLUGIN.metrics_port,
+                      serve=serve, ls=ls, rescan_env="RESCAN_INTERVAL", rescan_default=60.0,
+                      health_poll_env="HEALTH_POLL_INTERVAL", health_poll_default=0.5, health_files="the health files")
+main = CLI.main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    CLI.run()
