@@ -49,6 +49,7 @@ class NeuronNode:
         self.on_change: Callable[[], None] | None = None
         self._problems = ProblemLog(log, "host problem", "host problem resolved")
         self._blocked: str | None = None
+        self._last_problems: tuple[str, ...] | None = None
         self._first = True
         self._usage_key: tuple[int, int] | None = None  # (usage version, cores per device) of the caches below
         self._by_cores: dict[int, list[int]] = {}
@@ -59,9 +60,12 @@ class NeuronNode:
         """Re-read the host through the Neuron host scanner (never raises for bad host files); logs new problems
         and health changes. Between full scans (every ``full_rescan_interval`` s) the scanner re-reads only
         presence and ECC counters, which keeps the frequent health rescans short."""
-        inv = self.scanner.scan(self.paths).inventory
-        self._problems.update(("", p) for p in inv.all_problems())
-        self.health.update(inv)
+        host = self.scanner.scan(self.paths)
+        inv = host.inventory
+        if host.problems != self._last_problems:
+            self._problems.update(("", p) for p in host.problems)
+            self._last_problems = host.problems
+        self.health.update(inv, host.health)
         if self._first or (len(inv.devices), inv.lnc, inv.topology.kind) != (
                 len(self.inventory.devices), self.inventory.lnc, self.inventory.topology.kind):
             if inv.devices:
