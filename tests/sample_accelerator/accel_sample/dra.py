@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from accel_core.dra.cli import DriverCli
-from accel_core.dra.config import check_fields, check_type, parameters_object
+from accel_core.dra.config import decode_struct
+from accel_core.dra.devices import SliceDevice, Version
 from accel_core.dra.profile import RequestEdits, Scan
-from accel_core.dra.slices import SliceDevice, Version
 from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
@@ -20,7 +22,13 @@ from accel_sample.scanner import Sacc, SaccScanner
 
 @dataclass(frozen=True)
 class SaccConfig:
-    """``SaccConfig`` (``sacc.example.com/v1``): no settings."""
+    """The decoded config: no settings."""
+
+
+class SaccParams(msgspec.Struct, tag_field="kind", tag="SaccConfig", forbid_unknown_fields=True, frozen=True):
+    """``SaccConfig`` parameters (``apiVersion: sacc.example.com/v1``)."""
+
+    apiVersion: Literal["sacc.example.com/v1"]  # noqa: N815 (the API's field name)
 
 
 class SaccProfile:
@@ -39,9 +47,7 @@ class SaccProfile:
         return Scan(host.inventory, devices, host.health, host.problems)
 
     def decode_config(self, parameters: Any, where: str) -> SaccConfig:
-        params = parameters_object(parameters, where)
-        check_fields(params, where, ("apiVersion", "kind"))
-        check_type(params, where, f"{DRIVER}/v1", "SaccConfig")
+        decode_struct(parameters, where, (SaccParams,))
         return SaccConfig()
 
     def container_edits(self, inventory: tuple[Sacc, ...], request: str, devices: Sequence[str],
