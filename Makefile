@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e tests/sample_accelerator  # the tests' third accelerator
 	touch $@
 
 kube:

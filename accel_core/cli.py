@@ -175,6 +175,34 @@ class EnvArgumentParser(argparse.ArgumentParser):
             self.set_defaults(**{option.dest: value})
 
 
+@dataclass(frozen=True)
+class EnvFlag:
+    """A flag declared once and added to every daemon that takes it (the device plugin and the DRA driver of one
+    accelerator, say); with ``env``, its default comes from that variable (:meth:`EnvArgumentParser.add_env_argument`).
+    """
+
+    flag: str  #: ``--core-numbering``
+    env: str | None
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: EnvArgumentParser) -> None:
+        if self.env is None:
+            parser.add_argument(self.flag, type=self.type, default=self.default, help=self.help)
+        else:
+            parser.add_env_argument(self.flag, env=self.env, type=self.type, default=self.default, help=self.help)
+
+
+def env_choice(flag: str, env: str, values: tuple[str, ...], default: str, help: str) -> EnvFlag:
+    """An :class:`EnvFlag` taking one of ``values``; the help ends with the variable and the default."""
+    return EnvFlag(flag, env, choice(*values), default, f"{help} (env {env}; default {default})")
+
+
 def add_logging_flags(parser: EnvArgumentParser, *, level: str = "INFO") -> None:
     """--log-level (env LOG_LEVEL) and --log-format (env LOG_FORMAT)."""
     parser.add_env_argument("--log-level", env="LOG_LEVEL", type=choice(*LOG_LEVELS, upper=True), default=level,

@@ -5,8 +5,9 @@
    checkpoint and CDI spec), and the handler's part without the API read. p50/p99 over --iterations.
 2. Start to slices published: ``efa-dra-driver serve`` launched as a process until its 32 devices are in the API.
 3. RSS of that process after --idle-seconds (default 10).
-4. Lines of the Neuron and the EFA profile (each driver's code besides discovery), and the files a third
-   accelerator touches (new files, registrations, and core files: the last must be 0).
+4. Lines of the Neuron and the EFA profile (each driver's code besides discovery), and what a third accelerator
+   costs: the made-up one's package lines and every file outside it its addition changed
+   (scripts/count-accelerator.sh).
 
 Parts 1 and 2 need the Kubernetes binaries (scripts/build-kube.sh); without them only part 4 runs.
 
@@ -16,7 +17,6 @@ Parts 1 and 2 need the Kubernetes binaries (scripts/build-kube.sh); without them
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import os
 import signal
@@ -160,16 +160,6 @@ def lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def imports_efa(path: Path) -> bool:
-    """The module imports the EFA package (a mention in a docstring is no dependency)."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-            [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-        if any(n.startswith("efa_plugin") for n in names):
-            return True
-    return False
-
-
 def seam_figures() -> None:
     for name, package, rule in (("Neuron", "neuron_dra/dra", "neuron_dra/health.py"),
                                 ("EFA", "efa_plugin/dra", "efa_plugin/health.py")):
@@ -180,19 +170,12 @@ def seam_figures() -> None:
               f"its health rule, shared with the device plugin: {rule} {lines(REPO / rule)}")
     core = sorted((REPO / "accel_core/dra").glob("*.py"))
     print(f"generic DRA core: {sum(lines(f) for f in core)} lines in accel_core/dra ({len(core)} files)")
-    # What the second driver (EFA) needed outside its own package, measured on the tree: files outside efa_plugin/
-    # (and outside tests, docs, examples, charts) that name its console script or module, and core files that
-    # name it. A third accelerator needs the same: its package (discovery, health rule, profile, CLI) plus these.
-    new = sorted(str(p.relative_to(REPO)) for p in (REPO / "efa_plugin/dra").glob("*.py")) + [
-        "efa_plugin/discovery.py (discovery)", "efa_plugin/health.py (health rule)"]
-    registrations = sorted(p.name for p in (REPO / "pyproject.toml", REPO / "Dockerfile")
-                           if "efa_plugin.dra" in p.read_text() or "efa-dra-driver" in p.read_text())
-    core_touch = sorted(str(p.relative_to(REPO)) for p in (REPO / "accel_core").rglob("*.py")
-                        if "devtools" not in p.parts and "fakehost" not in p.parts and imports_efa(p))
-    print(f"files a third accelerator touches: {len(new) + len(registrations) + len(core_touch)} = {len(new)} of "
-          f"its own ({', '.join(new)}) + {len(registrations)} registrations ({', '.join(registrations)}) + "
-          f"{len(core_touch)} core files that import it{' (' + ', '.join(core_touch) + ')' if core_touch else ''}; "
-          "plus its chart values and docs")
+    # What a third accelerator costs, measured on the made-up one the tests carry (tests/sample_accelerator):
+    # its package's lines and every file outside it that changed when it was added (scripts/count-accelerator.sh).
+    out = subprocess.run(["bash", str(REPO / "scripts/count-accelerator.sh")], capture_output=True, text=True,
+                         check=False, timeout=60)
+    print("a third accelerator (scripts/count-accelerator.sh):")
+    print(out.stdout.rstrip() if out.returncode == 0 else f"  (count failed: {out.stderr.strip()})")
 
 
 def main() -> int:

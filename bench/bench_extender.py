@@ -28,7 +28,7 @@ from typing import Any
 
 from lightkube import AsyncClient, KubeConfig
 
-from neuron_dra.deviceplugin.allocation import choose_cores, choose_devices
+from neuron_dra.allocation import choose_cores, choose_devices
 from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.placement import NodeState, Request, place, score

@@ -31,8 +31,8 @@ from accel_core.deviceplugin.server import edits_to_response
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
+from neuron_dra.allocation import choose_cores, choose_devices
 from neuron_dra.deviceplugin import NeuronCorePolicy, NeuronDevicePolicy, NeuronNode
-from neuron_dra.deviceplugin.allocation import choose_cores, choose_devices
 from neuron_dra.topology import Topology
 
 NEURON = "aws.amazon.com/neuron"

@@ -1,5 +1,5 @@
-"""The one health rule for EFA devices, used by the EFA device plugin and the EFA DRA driver alike, and the memory
-of devices seen earlier that both keep.
+"""The one health rule for EFA devices, used by the EFA device plugin and the EFA DRA driver alike (through
+:mod:`efa_plugin.scanner`).
 
 A device is healthy when discovery found no problem with it. Otherwise the reason (the DRA taint value) is the
 kind of its first typed problem: ``DeviceMissing`` (gone from sysfs), ``DevNodeMissing`` (its
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from accel_core.health import HEALTHY, DeviceHealth, Problem, ProblemKind, kinds
-from efa_plugin.discovery import CLASS_IB, CLASS_VERBS, EfaDevice, EfaInventory
+from efa_plugin.discovery import CLASS_IB, CLASS_VERBS, EfaDevice
 
 MESSAGE_MAX = 512
 
@@ -48,22 +48,3 @@ def present(dev: EfaDevice) -> bool:
 def port_state_files(devices: Iterable[EfaDevice]) -> list[Path]:
     """Every port's ``state`` file of ``devices``, in order."""
     return [dev.sysfs_dir / "ports" / str(port) / "state" for dev in devices for port, _ in dev.port_states]
-
-
-class SeenDevices:
-    """Every device seen since start: one that vanishes stays listed (unhealthy) so capacity does not silently
-    shrink and its identity stays put until it is back."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, EfaDevice] = {}
-
-    def update(self, found: EfaInventory) -> tuple[EfaInventory, list[EfaDevice]]:
-        """The inventory with vanished devices added, and the devices seen for the first time."""
-        devices = {d.id: d for d in found.devices}
-        for device_id, last in self._seen.items():
-            if device_id not in devices:
-                devices[device_id] = vanished(last)
-        new = [d for d in found.devices if d.id not in self._seen]
-        self._seen.update((d.id, d) for d in found.devices)
-        ordered = tuple(sorted(devices.values(), key=lambda d: d.id))
-        return dataclasses.replace(found, devices=ordered), new

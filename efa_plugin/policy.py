@@ -1,8 +1,9 @@
 """The EFA device-plugin policy: what ``vpc.amazonaws.com/efa`` advertises, prefers and hands to a container.
 
-It keeps the latest inventory (re-read by :meth:`EfaPolicy.rediscover` on every host change) and remembers every
-device it has seen: a device whose sysfs entry vanishes stays advertised as Unhealthy until it comes back, so the
-node's capacity does not silently shrink and nothing is scheduled onto it.
+It keeps the latest inventory, re-read by :meth:`EfaPolicy.rediscover` on every host change through the EFA host
+scanner (:mod:`efa_plugin.scanner`, shared with the DRA driver), which remembers every device it has seen: a device
+whose sysfs entry vanishes stays advertised as Unhealthy until it comes back, so the node's capacity does not
+silently shrink and nothing is scheduled onto it.
 
 Allocate gives one DeviceSpec per device, ``/dev/infiniband/uverbsN`` with ``rw``, and nothing else: no hostPath of
 ``/dev/infiniband`` (which would expose non-EFA uverbs, umad and issm nodes), no ``rdma_cm`` (EFA does not use it).
@@ -16,15 +17,15 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from accel_core.coexistence import dra_blocks_device_plugin
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
-from efa_plugin import DRA_DRIVER_NAME, RESOURCE_NAME, SOCKET_NAME
+from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.allocation import Topology
-from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaInventory, discover
-from efa_plugin.health import SeenDevices, device_health, port_state_files
+from efa_plugin.discovery import CLASS_VERBS, EfaInventory, discover
+from efa_plugin.health import device_health
+from efa_plugin.scanner import EfaScanner
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +36,15 @@ class EfaPolicy:
     resource_name = RESOURCE_NAME
     socket_name = SOCKET_NAME
 
-    def __init__(self, paths: HostPaths, *, discover_fn: Callable[[HostPaths], EfaInventory] = discover) -> None:
+    def __init__(self, paths: HostPaths, *, discover_fn: Callable[[HostPaths], EfaInventory] = discover,
+                 scanner: EfaScanner | None = None) -> None:
         self.paths = paths
-        self._discover = discover_fn
+        self.scanner = scanner if scanner is not None else EfaScanner(discover_fn)
         self._inventory = EfaInventory()
         self._topology = Topology(())
-        self._seen = SeenDevices()
         self._problems = ProblemLog(log, "EFA device unhealthy", "EFA problem cleared",
                                     appeared_without_subject="EFA entry skipped")
         self._announced_empty = False
-        self._present: set[str] = set()
         self.allocation_counts: Counter[str] = Counter()  #: times each device was handed out by Allocate
 
     # -- state ---------------------------------------------------------------------------------------------------
@@ -59,13 +59,14 @@ class EfaPolicy:
 
     def rediscover(self) -> bool:
         """Re-read the host; log what changed (once per problem); returns True when the inventory changed."""
-        found = self._discover(self.paths)
-        inventory, new = self._seen.update(found)
-        for dev in new:
-            log.info("EFA device found", extra=kv(device=dev.ibdev, uverbs=dev.uverbs, pci=dev.pci_address,
-                                                  numa=dev.numa_node, pcie_root=dev.pcie_root, port=dev.port_state))
+        scan = self.scanner.scan(self.paths)
+        inventory, new = scan.inventory, set(scan.new)
+        for dev in inventory.devices:
+            if dev.id in new:
+                log.info("EFA device found", extra=kv(device=dev.ibdev, uverbs=dev.uverbs, pci=dev.pci_address,
+                                                      numa=dev.numa_node, pcie_root=dev.pcie_root,
+                                                      port=dev.port_state))
         self._report(inventory)
-        self._present = {d.id for d in found.devices}
         if inventory == self._inventory:
             return False
         self._topology = Topology(inventory.devices)
@@ -83,21 +84,10 @@ class EfaPolicy:
         self._announced_empty = not inv.devices
 
     def watch_paths(self) -> list[Path]:
-        """What to watch for changes, as *files*: the watcher then watches just their directory, not a subtree.
-
-        ``infiniband_verbs/`` (devices come and go), ``/dev/infiniband/`` (device nodes) and every present device's
-        ``ports/<p>/`` (state). A few dozen watches instead of hundreds keeps each wake-up cheap; anything else
-        (a corrupted attribute, say) is caught by the periodic rescan.
-        """
-        host = self.paths.host
-        out = [host(f"{CLASS_VERBS}/abi_version"), host(f"{DEV_IB}/rdma_cm"),
-               self.paths.plugins_registry_dir / f"{DRA_DRIVER_NAME}-reg.sock"]  # the coexistence guard
-        return out + self.health_files()
+        return self.scanner.watch_paths(self.paths, self._inventory)
 
     def health_files(self) -> list[Path]:
-        """The files polled between rescans: each present device's port ``state`` (real sysfs raises no event
-        when a port goes DOWN; everything else that matters does, or waits for the slow rescan)."""
-        return port_state_files(d for d in self._inventory.devices if d.id in self._present)
+        return self.scanner.health_files(self.paths, self._inventory)
 
     # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
     def devices(self) -> list[AdvertisedDevice]:
@@ -105,7 +95,7 @@ class EfaPolicy:
 
     def advertise_blocked(self) -> str | None:
         """Nothing is advertised while the EFA DRA driver is registered on this node (it hands out the same EFAs)."""
-        return dra_blocks_device_plugin(self.paths.plugins_registry_dir, DRA_DRIVER_NAME, "EFA")
+        return self.scanner.coexistence.device_plugin_blocked(self.paths)
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         return self._topology.preferred(available, must_include, size)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 
-from accel_core.coexistence import dra_blocks_device_plugin
 from accel_core.paths import HostPaths
-from efa_plugin import DRA_DRIVER_NAME
+from efa_plugin import COEXISTENCE
 
 CLASS_IB = "/sys/class/infiniband"
 #: the kernel driver an EFA PCI function is bound to
@@ -20,7 +19,7 @@ EFA_DRIVER = "efa"
 
 
 def efa_expected(paths: HostPaths) -> bool:
-    if dra_blocks_device_plugin(paths.plugins_registry_dir, DRA_DRIVER_NAME, "EFA"):
+    if COEXISTENCE.device_plugin_blocked(paths):
         return False
     class_dir = paths.host(CLASS_IB)
     try:

@@ -6,7 +6,14 @@
 - :mod:`neuron_dra.deviceplugin` serves ``aws.amazon.com/neuron`` and ``aws.amazon.com/neuroncore``.
 """
 
+from accel_core.coexistence import Coexistence
+
 #: The Neuron DRA driver (neuron_dra.dra); it and the device plugin step aside for each other on a node.
 DRA_DRIVER_NAME = "neuron.aws.com"
+#: The device plugin's two sockets, as the AWS Neuron device plugin names them.
+NEURON_SOCKET = "neuron-devplugin.sock"
+NEURONCORE_SOCKET = "neuroncore-devplugin.sock"
+#: The one coexistence rule of the two (accel_core.coexistence), light enough for the device plugin's first Register.
+COEXISTENCE = Coexistence("Neuron", (NEURON_SOCKET, NEURONCORE_SOCKET), DRA_DRIVER_NAME)
 
-__all__ = ["DRA_DRIVER_NAME"]
+__all__ = ["COEXISTENCE", "DRA_DRIVER_NAME", "NEURONCORE_SOCKET", "NEURON_SOCKET"]

@@ -1,6 +1,7 @@
 """The Neuron runtime environment of a container: ``NEURON_RT_VISIBLE_CORES`` and ``NEURON_LOGICAL_NC_CONFIG``.
 
-Shared by the device plugin (Allocate) and the DRA driver (CDI specs), so both number cores the same way.
+Shared by the device plugin (Allocate) and the DRA driver (CDI specs) through :mod:`neuron_dra.edits`, so both
+number cores the same way, and both take ``--core-numbering`` (:data:`CORE_NUMBERING_FLAG`).
 
 Core numbering (``container``, the default): the Neuron runtime inside a container (runtime 2.16+ with driver
 2.12.14+) enumerates only the ``/dev/neuronN`` nodes the container has, in ascending N, and numbers their
@@ -15,9 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from accel_core.cli import env_choice
+
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 CoreNumbering = Literal["container", "host"]
+#: ``--core-numbering``: the Neuron device plugin and the Neuron DRA driver take the same flag, env and default.
+CORE_NUMBERING_FLAG = env_choice("--core-numbering", "NEURON_CORE_NUMBERING", ("container", "host"), "container",
+                                 "NEURON_RT_VISIBLE_CORES numbering: container-relative (runtime 2.16+) or host")
 
 
 def format_core_list(cores: Iterable[int]) -> str:

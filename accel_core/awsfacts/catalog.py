@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, cast
 
+import msgspec
 import yaml
 
 from accel_core.awsfacts import neuron_efa
-
-_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
-_ROOT_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
-_HEX_RE = re.compile(r"^0x[0-9a-f]{4}$")
+from accel_core.registry import accelerators, load_ref
 
 
 class CatalogError(ValueError):
@@ -137,14 +136,31 @@ class NeuronSpec:
 
 @dataclass(frozen=True)
 class InstanceType:
-    """Everything the fake host builder needs to know about one EC2 instance type."""
+    """Everything the fake host builder needs to know about one EC2 instance type.
+
+    ``sections`` holds each registered accelerator's section, decoded by the Struct its declaration names
+    (:mod:`accel_core.registry`); ``efa``, ``other_rdma`` and ``neuron`` are typed views of three of them."""
 
     name: str
     family: str
-    efa: EfaSpec | None
-    other_rdma: tuple[OtherRdmaDevice, ...]
-    gpus: GpuSpec | None
-    neuron: NeuronSpec | None
+    gpus: GpuSpec | None = None
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    def section(self, key: str) -> Any:
+        """An accelerator's section (None when the type has none)."""
+        return self.sections.get(key)
+
+    @property
+    def efa(self) -> EfaSpec | None:
+        return cast("EfaSpec | None", self.sections.get("efa"))
+
+    @property
+    def other_rdma(self) -> tuple[OtherRdmaDevice, ...]:
+        return cast("tuple[OtherRdmaDevice, ...]", self.sections.get("other_rdma", ()))
+
+    @property
+    def neuron(self) -> NeuronSpec | None:
+        return cast("NeuronSpec | None", self.sections.get("neuron"))
 
     @property
     def efa_count(self) -> int:
@@ -173,143 +189,186 @@ class InstanceType:
         return {n: dev.pci.bdf for dev in self.efa.devices for n in dev.near_neurons}
 
 
-# --------------------------------------------------------------------------------------------- parsing helpers
+# --------------------------------------------------------------------------------------------- decoding
+
+Bdf = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")]
+Root = Annotated[str, msgspec.Meta(pattern=r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")]
+Hex = Annotated[str, msgspec.Meta(pattern=r"^0x[0-9a-f]{4}$")]
 
 
-class _Fields:
-    """Typed accessors over one YAML mapping; every error names the type and the field path."""
+class _Pci(msgspec.Struct, forbid_unknown_fields=True):
+    """The PCI fields every device entry carries."""
 
-    def __init__(self, data: Any, where: str) -> None:
-        if not isinstance(data, dict):
-            raise CatalogError(f"{where}: expected a mapping, got {type(data).__name__}")
-        self.data: dict[str, Any] = data
-        self.where = where
-
-    def _get(self, key: str) -> Any:
-        if key not in self.data:
-            raise CatalogError(f"{self.where}: missing field {key!r}")
-        return self.data[key]
-
-    def str_(self, key: str, pattern: re.Pattern[str] | None = None, default: str | None = None) -> str:
-        if default is not None and key not in self.data:
-            return default
-        value = self._get(key)
-        if not isinstance(value, str):
-            raise CatalogError(f"{self.where}.{key}: expected a string, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            raise CatalogError(f"{self.where}.{key}: {value!r} does not match {pattern.pattern}")
-        return value
-
-    def int_(self, key: str) -> int:
-        value = self._get(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise CatalogError(f"{self.where}.{key}: expected an integer, got {value!r}")
-        return value
-
-    def opt_int(self, key: str) -> int | None:
-        return None if self.data.get(key) is None else self.int_(key)
-
-    def bool_(self, key: str, default: bool = False) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            raise CatalogError(f"{self.where}.{key}: expected true/false, got {value!r}")
-        return value
-
-    def ints(self, key: str) -> tuple[int, ...]:
-        value = self.data.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-            raise CatalogError(f"{self.where}.{key}: expected a list of integers, got {value!r}")
-        return tuple(value)
-
-    def items(self, key: str) -> list[_Fields]:
-        value = self.data.get(key, [])
-        if not isinstance(value, list):
-            raise CatalogError(f"{self.where}.{key}: expected a list")
-        return [_Fields(v, f"{self.where}.{key}[{i}]") for i, v in enumerate(value)]
-
-    def sub(self, key: str) -> _Fields | None:
-        return None if self.data.get(key) is None else _Fields(self.data[key], f"{self.where}.{key}")
+    bdf: Bdf
+    root: Root
+    numa: int
 
     def pci(self) -> PciFunction:
-        fn = PciFunction(self.str_("bdf", _BDF_RE), self.str_("root", _ROOT_RE), self.int_("numa"))
+        fn = PciFunction(self.bdf, self.root, self.numa)
         if fn.bdf[:4] != fn.root[3:7] or fn.bus < fn.root_bus:
-            raise CatalogError(f"{self.where}: {fn.bdf} cannot sit below PCIe root {fn.root}")
+            raise ValueError(f"{fn.bdf} cannot sit below PCIe root {fn.root}")
         return fn
 
+    def __post_init__(self) -> None:
+        self.pci()
 
-def _check_indices(where: str, indices: list[int]) -> None:
+
+class _EfaEntry(_Pci, forbid_unknown_fields=True):
+    ibdev: str
+    near_gpus: tuple[int, ...] = ()
+
+
+class EfaSection(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``efa:`` section of a type."""
+
+    pci_device_id: Hex
+    rate: str
+    devices: tuple[_EfaEntry, ...]
+    p2p: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError("an efa section needs at least one device")
+
+    def resolve(self, defaults: dict[str, Any]) -> EfaSpec:
+        return EfaSpec(self.pci_device_id, self.rate, self.p2p,
+                       tuple(EfaDevice(d.ibdev, d.pci(), d.near_gpus, ()) for d in self.devices))
+
+
+class _OtherRdmaEntry(_Pci, forbid_unknown_fields=True):
+    ibdev: str
+    vendor: Hex
+    device: Hex
+    driver: str
+    node_type: str
+    link_layer: str
+    rate: str
+
+
+    def resolve(self, defaults: dict[str, Any]) -> OtherRdmaDevice:
+        return OtherRdmaDevice(self.ibdev, self.pci(), self.vendor, self.device, self.driver, self.node_type,
+                               self.link_layer, self.rate)
+
+
+#: The ``other_rdma:`` section: a list of non-EFA RDMA devices.
+OtherRdmaList = tuple[_OtherRdmaEntry, ...]
+
+
+def _check_indices(indices: list[int]) -> None:
     if indices != list(range(len(indices))):
-        raise CatalogError(f"{where}: device indices must be 0..{len(indices) - 1} in order, got {indices}")
+        raise ValueError(f"device indices must be 0..{len(indices) - 1} in order, got {indices}")
 
 
-def _parse_efa(f: _Fields) -> EfaSpec:
-    devices = tuple(
-        EfaDevice(d.str_("ibdev"), d.pci(), d.ints("near_gpus"), ()) for d in f.items("devices")
-    )
-    if not devices:
-        raise CatalogError(f"{f.where}.devices: an efa section needs at least one device")
-    return EfaSpec(f.str_("pci_device_id", _HEX_RE), f.str_("rate"), f.str_("p2p", default=""), devices)
+class _GpuEntry(_Pci, forbid_unknown_fields=True):
+    index: int
 
 
-def _parse_neuron(f: _Fields, defaults: _Fields) -> NeuronSpec:
-    arch = f.sub("architecture")
-    if arch is None:
-        raise CatalogError(f"{f.where}: missing field 'architecture'")
-    devices = tuple(NeuronDevice(d.int_("index"), d.pci(), d.ints("connected")) for d in f.items("devices"))
-    _check_indices(f"{f.where}.devices", [d.index for d in devices])
-    for dev in devices:
-        bad = [c for c in dev.connected if not 0 <= c < len(devices) or c == dev.index]
-        if bad:
-            raise CatalogError(f"{f.where}.devices[{dev.index}].connected: invalid neighbour ids {bad}")
-    spec = NeuronSpec(
-        pci_device_id=f.str_("pci_device_id", _HEX_RE),
-        pci_driver=f.str_("pci_driver", default=defaults.str_("neuron_pci_driver")),
-        arch_type=arch.str_("arch_type"),
-        core_arch_type=arch.str_("core_arch_type"),
-        arch_instance_type=arch.str_("instance_type"),
-        device_name=arch.str_("device_name"),
-        cores_per_device=f.int_("cores_per_device"),
-        memory_bytes=f.int_("memory_bytes"),
-        lnc_default=f.opt_int("lnc_default"),
-        topology=f.str_("topology"),
-        efa_mapping_library=False,
-        ultraserver=f.bool_("ultraserver"),
-        driver_version=f.str_("driver_version", default=defaults.str_("neuron_driver_version")),
-        devices=devices,
-    )
-    if not 1 <= spec.cores_per_device <= 8:
-        raise CatalogError(f"{f.where}.cores_per_device: {spec.cores_per_device} is outside 1..8")
-    return spec
+class _GpuSection(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    pci_device_id: Hex
+    devices: tuple[_GpuEntry, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_indices([g.index for g in self.devices])
 
 
-def _parse_type(name: str, f: _Fields, defaults: _Fields) -> InstanceType:
-    efa_f, gpus_f, neuron_f = f.sub("efa"), f.sub("gpus"), f.sub("neuron")
+class _Architecture(msgspec.Struct, forbid_unknown_fields=True):
+    arch_type: str
+    core_arch_type: str
+    instance_type: str
+    device_name: str
+
+
+class _NeuronEntry(_Pci, forbid_unknown_fields=True):
+    index: int
+    connected: tuple[int, ...] = ()
+
+
+class NeuronSection(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``neuron:`` section of a type (driver version and PCI driver default to the file's ``defaults``)."""
+
+    pci_device_id: Hex
+    architecture: _Architecture
+    cores_per_device: Annotated[int, msgspec.Meta(ge=1, le=8)]
+    memory_bytes: int
+    topology: str
+    devices: tuple[_NeuronEntry, ...] = ()
+    lnc_default: int | None = None
+    ultraserver: bool = False
+    pci_driver: str | None = None
+    driver_version: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_indices([d.index for d in self.devices])
+        for dev in self.devices:
+            bad = [c for c in dev.connected if not 0 <= c < len(self.devices) or c == dev.index]
+            if bad:
+                raise ValueError(f"devices[{dev.index}].connected: invalid neighbour ids {bad}")
+
+    def resolve(self, defaults: dict[str, Any]) -> NeuronSpec:
+        arch = self.architecture
+        return NeuronSpec(
+            pci_device_id=self.pci_device_id, pci_driver=self.pci_driver or str(defaults["neuron_pci_driver"]),
+            arch_type=arch.arch_type, core_arch_type=arch.core_arch_type, arch_instance_type=arch.instance_type,
+            device_name=arch.device_name, cores_per_device=self.cores_per_device, memory_bytes=self.memory_bytes,
+            lnc_default=self.lnc_default, topology=self.topology, efa_mapping_library=False,
+            ultraserver=self.ultraserver,
+            driver_version=self.driver_version or str(defaults["neuron_driver_version"]),
+            devices=tuple(NeuronDevice(d.index, d.pci(), d.connected) for d in self.devices))
+
+
+class _TypeHead(msgspec.Struct):
+    """The fields of a type no accelerator owns; every other key is a section an accelerator registers."""
+
+    family: str
+    gpus: _GpuSection | None = None
+
+
+_HEAD_FIELDS = frozenset(_TypeHead.__struct_fields__)
+
+
+@cache
+def _section_types() -> dict[str, type[Any]]:
+    """Section key -> its Struct, from the registered accelerators (:mod:`accel_core.registry`)."""
+    return {key: load_ref(ref) for acc in accelerators() for key, ref in acc.catalog_sections.items()}
+
+
+def _decode(kind: Any, raw: Any, where: str, key: str = "") -> Any:
+    """``raw`` as ``kind``; a CatalogError such as ``instances.yaml: z1.big: Expected `str` matching regex ... -
+    at `neuron.devices[0].bdf``` otherwise."""
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        raise CatalogError(f"{where}: {str(exc).replace('`$', f'`{key}' if key else '`')}") from None
+
+
+def _resolve(section: Any, defaults: dict[str, Any]) -> Any:
+    if isinstance(section, tuple):
+        return tuple(_resolve(item, defaults) for item in section)
+    resolve = getattr(section, "resolve", None)
+    return resolve(defaults) if resolve is not None else section
+
+
+def _parse_type(name: str, raw: Any, defaults: dict[str, Any], source: str) -> InstanceType:
+    where = f"{source}: {name}"
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    head = _decode(_TypeHead, {k: v for k, v in raw.items() if k in _HEAD_FIELDS}, where)
+    kinds = _section_types()
+    sections: dict[str, Any] = {}
+    for key, body in raw.items():
+        if key in _HEAD_FIELDS or body is None:
+            continue
+        kind = kinds.get(key)
+        if kind is None:
+            raise CatalogError(f"{where}: unknown section {key!r} (no registered accelerator declares it; "
+                               f"known: {', '.join(sorted(kinds))})")
+        sections[key] = _resolve(_decode(kind, body, where, key), defaults)
     gpus = None
-    if gpus_f is not None:
-        gdevs = tuple(GpuDevice(d.int_("index"), d.pci()) for d in gpus_f.items("devices"))
-        _check_indices(f"{gpus_f.where}.devices", [g.index for g in gdevs])
-        gpus = GpuSpec(gpus_f.str_("model"), gpus_f.str_("pci_device_id", _HEX_RE), gdevs)
-    other = tuple(
-        OtherRdmaDevice(
-            ibdev=d.str_("ibdev"),
-            pci=d.pci(),
-            vendor=d.str_("vendor", _HEX_RE),
-            device=d.str_("device", _HEX_RE),
-            driver=d.str_("driver"),
-            node_type=d.str_("node_type"),
-            link_layer=d.str_("link_layer"),
-            rate=d.str_("rate"),
-        )
-        for d in f.items("other_rdma")
-    )
-    itype = InstanceType(
-        name=name,
-        family=f.str_("family"),
-        efa=_parse_efa(efa_f) if efa_f is not None else None,
-        other_rdma=other,
-        gpus=gpus,
-        neuron=_parse_neuron(neuron_f, defaults) if neuron_f is not None else None,
-    )
+    if head.gpus is not None:
+        g = head.gpus
+        gpus = GpuSpec(g.model, g.pci_device_id, tuple(GpuDevice(d.index, d.pci()) for d in g.devices))
+    itype = InstanceType(name=name, family=head.family, gpus=gpus, sections=sections)
     itype = _with_neuron_efa_table(itype)
     _check_cross_refs(itype)
     return itype
@@ -328,8 +387,8 @@ def _with_neuron_efa_table(t: InstanceType) -> InstanceType:
                            "devices and EFAs")
     devices = tuple(dataclasses.replace(d, near_neurons=tuple(i for i, b in enumerate(table) if b == d.pci.bdf))
                     for d in t.efa.devices)
-    return dataclasses.replace(t, efa=dataclasses.replace(t.efa, devices=devices),
-                               neuron=dataclasses.replace(t.neuron, efa_mapping_library=True))
+    return dataclasses.replace(t, sections={**t.sections, "efa": dataclasses.replace(t.efa, devices=devices),
+                                            "neuron": dataclasses.replace(t.neuron, efa_mapping_library=True)})
 
 
 def _check_cross_refs(t: InstanceType) -> None:
@@ -371,21 +430,57 @@ def _yaml(text: str, source: str) -> Any:
         raise CatalogError(f"{source}: not valid YAML: {exc}") from exc
 
 
-def load(path: Path | None = None) -> dict[str, InstanceType]:
-    """Parse a catalog file (the packaged ``instances.yaml`` by default) into ``{name: InstanceType}``."""
-    if path is None:
-        text, source = _packaged_text(), "instances.yaml"
-    else:
-        text, source = path.read_text(encoding="utf-8"), str(path)
-    top = _Fields(_yaml(text, source), source)
-    defaults = top.sub("defaults") or _Fields({}, f"{source}.defaults")
-    types = top.sub("types")
-    if types is None:
+def _top(data: Any, source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(defaults, types)`` of a parsed catalog file."""
+    if not isinstance(data, dict):
+        raise CatalogError(f"{source}: expected a mapping, got {type(data).__name__}")
+    defaults, types = data.get("defaults") or {}, data.get("types")
+    if not isinstance(defaults, dict):
+        raise CatalogError(f"{source}: defaults: expected a mapping")
+    if not isinstance(types, dict):
         raise CatalogError(f"{source}: missing 'types'")
-    return {
-        str(name): _parse_type(str(name), _Fields(body, f"{source}: {name}"), defaults)
-        for name, body in types.data.items()
-    }
+    return defaults, types
+
+
+def _parse_file(text: str, source: str, defaults: Mapping[str, Any] = {}) -> dict[str, InstanceType]:
+    own, types = _top(_yaml(text, source), source)
+    merged = {**defaults, **own}
+    return {str(name): _parse_type(str(name), body, merged, source) for name, body in types.items()}
+
+
+def load(path: Path | None = None) -> dict[str, InstanceType]:
+    """Parse a catalog file (the packaged ``instances.yaml`` and the registered accelerators' catalog files by
+    default) into ``{name: InstanceType}``."""
+    if path is not None:
+        return _parse_file(path.read_text(encoding="utf-8"), str(path), _packaged_defaults())
+    out = _parse_file(_packaged_text(), "instances.yaml")
+    for source, extra in _accelerator_catalogs():
+        for name, itype in extra.items():
+            if name in out:
+                raise CatalogError(f"{source}: instance type {name} is already in the catalog")
+            out[name] = itype
+    return out
+
+
+def _packaged_defaults() -> dict[str, Any]:
+    return _top(_yaml(_sections()[0] + "types: {}\n", "instances.yaml"), "instances.yaml")[0]
+
+
+@cache
+def _accelerator_catalogs() -> tuple[tuple[str, dict[str, InstanceType]], ...]:
+    """Each registered accelerator's own catalog file, parsed (with the packaged defaults)."""
+    out = []
+    for acc in accelerators():
+        if acc.catalog_file is None:
+            continue
+        package, _, name = acc.catalog_file.partition(":")
+        source = f"{acc.name} catalog {acc.catalog_file}"
+        try:
+            text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
+        except (OSError, ModuleNotFoundError) as exc:
+            raise CatalogError(f"{source}: cannot read it ({exc})") from None
+        out.append((source, _parse_file(text, source, _packaged_defaults())))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1)
@@ -430,14 +525,15 @@ def _one(instance_type: str) -> InstanceType:
     head, blocks = _sections()
     block = blocks.get(instance_type)
     if block is None:
-        raise UnknownInstanceType(instance_type, tuple(blocks))
-    top = _Fields(_yaml(head, "instances.yaml") or {}, "instances.yaml")
-    defaults = top.sub("defaults") or _Fields({}, "instances.yaml.defaults")
-    body = _Fields(_yaml("types:\n" + block, "instances.yaml"), "instances.yaml").sub("types")
-    if body is None or list(body.data) != [instance_type]:
+        for _source, extra in _accelerator_catalogs():
+            if instance_type in extra:
+                return extra[instance_type]
+        known = (*blocks, *(n for _s, extra in _accelerator_catalogs() for n in extra))
+        raise UnknownInstanceType(instance_type, known)
+    parsed = _parse_file(head + "types:\n" + block, "instances.yaml")
+    if list(parsed) != [instance_type]:
         raise CatalogError(f"instances.yaml: the block of {instance_type} does not parse on its own")
-    return _parse_type(instance_type, _Fields(body.data[instance_type], f"instances.yaml: {instance_type}"),
-                       defaults)
+    return parsed[instance_type]
 
 
 def get(instance_type: str) -> InstanceType:

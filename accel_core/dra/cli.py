@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from accel_core.cli import (
     EnvArgumentParser,
+    EnvFlag,
     add_common_flags,
     add_logging_flags,
     choice,
@@ -85,7 +86,16 @@ class DriverCli:
     prog: str  #: ``neuron-dra-driver``
     description: str
     metrics_port: int
-    profile: Callable[[], DraProfile[Any, Any]]
+    profile: Callable[..., DraProfile[Any, Any]]
+    """Makes the profile; called with each of ``flags`` as a keyword argument (by its ``dest``)."""
+    flags: tuple[EnvFlag, ...] = ()
+    """The driver's own flags (``serve`` and ``slices``), such as the flags its device plugin takes too."""
+    healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT
+    """The liveness port's default: each driver's own (its registry declaration), so two drivers on a node
+    never collide without a chart."""
+
+    def make_profile(self, args: argparse.Namespace) -> DraProfile[Any, Any]:
+        return self.profile(**{f.dest: getattr(args, f.dest, f.default) for f in self.flags})
 
     def parser(self) -> EnvArgumentParser:
         parser = EnvArgumentParser(prog=self.prog, description=self.description)
@@ -97,8 +107,9 @@ class DriverCli:
         serve.add_env_argument("--pod-uid", env=ENV_POD_UID, type=uid, default=None,
                                help="this pod's UID, for per-pod socket names during rolling updates (env POD_UID)")
         serve.add_env_argument("--healthcheck-port", env="HEALTHCHECK_PORT", type=port_or_disabled,
-                               default=DEFAULT_HEALTHCHECK_PORT,
-                               help="gRPC liveness port (env HEALTHCHECK_PORT; default 51515; -1 off, 0 picks one)")
+                               default=self.healthcheck_port,
+                               help=f"gRPC liveness port (env HEALTHCHECK_PORT; default {self.healthcheck_port}; "
+                                    "-1 off, 0 picks one)")
         serve.add_argument("--kubeconfig", default=None,
                            help="kubeconfig file (default: KUBECONFIG, then in-cluster)")
         serve.add_env_argument("--rescan-interval", env="RESCAN_INTERVAL", type=seconds,
@@ -128,6 +139,8 @@ class DriverCli:
                                     "(env UNHEALTHY_TAINT_EFFECT; default NoSchedule)")
         serve.add_argument("--remove-slices-on-exit", action="store_true",
                            help="delete this driver's ResourceSlices when stopping (uninstall); off for upgrades")
+        for flag in self.flags:
+            flag.add_to(serve)
 
         slices = sub.add_parser("slices", help="print the ResourceSlices serve would publish (no API server)")
         add_path_flags(slices)
@@ -135,6 +148,8 @@ class DriverCli:
         slices.add_argument("--node-uid", default=None,
                             help="the Node's UID, to include the owner reference serve adds (looked up by serve)")
         slices.add_argument("--output", "-o", choices=["json", "yaml"], default="json")
+        for flag in self.flags:
+            flag.add_to(slices)
 
         remove = sub.add_parser("remove-slices", help="delete this driver's ResourceSlices for a node")
         _node_flag(remove)
@@ -162,7 +177,7 @@ class DriverCli:
 
     def _slices(self, args: argparse.Namespace) -> int:
         safe_stdout()
-        profile = self.profile()
+        profile = self.make_profile(args)
         scan = profile.scan(resolve_paths(args), dra_driver_version())
         devices = tainted(profile.driver_name, scan.devices, scan.health)
         slices = build_slices(profile.driver_name, args.node_name, devices, node_uid=args.node_uid,
@@ -192,7 +207,7 @@ class DriverCli:
             return 2
         registry = CollectorRegistry()
         serve_metrics(registry, args.metrics_port, args.metrics_address)
-        profile = self.profile()
+        profile = self.make_profile(args)
         log.info("starting DRA driver", extra=kv(driver=profile.driver_name, node=args.node_name,
                                                  version=dra_driver_version(), **paths.describe()))
         instance = InstanceLock(instance_lock_path(paths, profile.driver_name, args.pod_uid))
@@ -235,7 +250,7 @@ class DriverCli:
 
     def _remove(self, args: argparse.Namespace) -> int:
         setup_logging(args.log_level, args.log_format)
-        driver = self.profile().driver_name
+        driver = self.make_profile(args).driver_name
 
         async def main() -> int:
             client = kube_client(kube_config(args.kubeconfig), self.prog)

@@ -4,16 +4,13 @@ publishing, health stream, taints, liveness, CLI, metrics) is the core's and nev
 
 A profile says:
 
-- ``driver_name`` (``efa.aws.com``), ``metrics_prefix`` (``efa_dra``), ``udev_subsystems`` to listen to;
-- ``scan(paths, dra_version)``: read the host (called off the event loop) and return a :class:`Scan`: the
-  inventory, the devices to publish (attributes and capacity, no taints), each device's health, and the labels
-  and annotations the driver keeps on its own Node;
-- ``watch_paths(paths, inventory)``: host paths whose changes trigger a rescan;
-- ``health_files(paths, inventory)``: the few files that carry health but raise no change event on real sysfs
-  (port state, error counters); the core polls them between rescans (:mod:`accel_core.healthpoll`) and rescans
-  when one changed. Called off the event loop, after every scan;
-- ``blocked(paths)``: why the driver must publish and prepare nothing right now (a device plugin for the same
-  hardware is running), or None;
+- ``driver_name`` (``efa.aws.com``), ``metrics_prefix`` (``efa_dra``);
+- ``scanner``: the accelerator's host scanner (:class:`accel_core.hostscan.HostScanner`), the one its device
+  plugin uses too: the core takes the watch paths, the health files it polls between rescans, the udev
+  subsystems and the coexistence guard (publish and prepare nothing while the device plugin runs) from it;
+- ``scan(paths, dra_version)``: the scanner's scan as the driver publishes it (called off the event loop): a
+  :class:`Scan` with the inventory, the devices to publish (attributes and capacity, no taints), each device's
+  health, and the labels and annotations the driver keeps on its own Node;
 - ``default_config`` and ``decode_config(parameters, where)``: the strict decoder of one opaque config, to a frozen
   dataclass whose unset fields are None;
 - ``container_edits(inventory, request, devices, config)``: what the containers of one request get; raises
@@ -28,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from accel_core.dra.devices import CounterSet, SliceDevice, Taint
 from accel_core.dra.types import DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.health import DeviceHealth
+from accel_core.hostscan import HostScanner
 from accel_core.paths import HostPaths
 
 InventoryT = TypeVar("InventoryT")
@@ -75,16 +72,12 @@ class RequestEdits:
 class DraProfile(Protocol[InventoryT, ConfigT]):
     driver_name: str
     metrics_prefix: str
-    udev_subsystems: tuple[str, ...]
     default_config: ConfigT
 
+    @property
+    def scanner(self) -> HostScanner[InventoryT]: ...
+
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[InventoryT]: ...
-
-    def watch_paths(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
-
-    def health_files(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
-
-    def blocked(self, paths: HostPaths) -> str | None: ...
 
     def decode_config(self, parameters: Any, where: str) -> ConfigT: ...
 

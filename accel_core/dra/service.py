@@ -6,9 +6,9 @@ Host scans, the checkpoint load and CDI restores run in a worker thread; the eve
 Start-up order: scan the host, load the checkpoint, re-create lost or damaged CDI specs and remove orphan ones
 (under the plugin's locks, so never in the middle of another pod's prepare), serve the DRA and registration
 sockets, start the liveness service, hand the complete device list to the publisher. Afterwards every host
-change re-scans: inotify on the profile's watch paths, udev, the health poll, and a slow periodic rescan (the
+change re-scans: inotify on the scanner's watch paths, udev, the health poll, and a slow periodic rescan (the
 safety net for anything else without an event). The health poll, as in the device plugins, re-reads only the
-profile's ``health_files`` (port state, error counters: no sysfs event when they change) every
+scanner's ``health_files`` (port state, error counters: no sysfs event when they change) every
 ``health_poll_interval`` seconds from an event-loop timer, one ``pread`` each, and kicks a rescan when one
 changed. The publisher writes only if the published content changed, and the kubelet's health stream gets a new
 full list when health changed and at least every ``health_refresh_seconds`` (20 s; each report carries a 60 s
@@ -151,18 +151,18 @@ class DraService:
 
     # -- pieces ----------------------------------------------------------------------------------------------------
     def blocked(self) -> str | None:
-        return self.profile.blocked(self.paths)
+        return self.profile.scanner.coexistence.dra_blocked(self.paths)
 
     async def check_liveness(self) -> str | None:
         return await check_own_sockets(str(self.plugin.registration_socket), str(self.plugin.dra_socket))
 
     def watch_paths(self) -> list[Path]:
-        return self.profile.watch_paths(self.paths, self.inventory)
+        return self.profile.scanner.watch_paths(self.paths, self.inventory)
 
     def _look(self) -> tuple[Scan[Any], str | None, list[Path]]:
         """The host scan, the guard and the health files to poll, read together in a worker thread."""
         scan = self.profile.scan(self.paths, self.dra_version)
-        return scan, self.blocked(), self.profile.health_files(self.paths, scan.inventory)
+        return scan, self.blocked(), self.profile.scanner.health_files(self.paths, scan.inventory)
 
     async def rescan(self) -> Scan[Any]:
         """Re-read the host (off the event loop) and hand the result to the publisher; returns what it found."""
@@ -256,7 +256,7 @@ class DraService:
 
     async def _watch_host(self, stop: asyncio.Event) -> None:
         async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,
-                                 udev_subsystems=self.profile.udev_subsystems) as watcher:
+                                 udev_subsystems=self.profile.scanner.udev_subsystems) as watcher:
             timer = PollTimer(self.poller, self.health_poll_interval, lambda: watcher.kick("health"))
             timer.start()
             refresh = asyncio.create_task(self._refresh_health(stop))

@@ -8,9 +8,9 @@
   ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID``, and on the instance types the AWS
   Neuron-to-EFA tables cover, ``resource.aws.com/devicegroup{1,4,8,16}_id``: the ids of the Neuron device(s) the
   EFA serves, the same values the Neuron driver publishes (:mod:`accel_core.awsfacts.neuron_efa`);
-- health: the EFA rule the device plugin uses (:mod:`efa_plugin.health`); a device seen earlier that vanishes
-  stays published, tainted ``DeviceMissing``; the ports' ``state`` files are the health files the core polls
-  between rescans, as the device plugin does;
+- host side: the EFA host scanner the device plugin uses too (:mod:`efa_plugin.scanner`): the one health rule, a
+  device seen earlier that vanishes stays published, tainted ``DeviceMissing``; the ports' ``state`` files are
+  the health files the core polls between rescans; the coexistence guard;
 - config: ``EfaConfig`` (``apiVersion: efa.aws.com/v1``), strict, no settings yet;
 - container edits: the device's ``/dev/infiniband/uverbsN`` per device, and ``/dev/infiniband/rdma_cm`` once per
   request when the host has it;
@@ -22,24 +22,22 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
-from accel_core.coexistence import device_plugin_blocks_dra
 from accel_core.dra.config import decode_struct
 from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
-from efa_plugin import DRA_DRIVER_NAME, SOCKET_NAME
-from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
+from efa_plugin import DRA_DRIVER_NAME
+from efa_plugin.discovery import EfaDevice, EfaInventory
 from efa_plugin.dra.config import EfaParams
-from efa_plugin.health import SeenDevices, device_health, port_state_files, present
+from efa_plugin.health import device_health, present
+from efa_plugin.scanner import RDMA_CM, EfaScanner
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "EfaConfig"
-RDMA_CM = f"{DEV_IB}/rdma_cm"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 
@@ -74,38 +72,23 @@ def device_attributes(inv: EfaInventory, dev: EfaDevice, dra_version: str) -> di
 
 
 class EfaProfile:
-    """:class:`~accel_core.dra.profile.DraProfile` for EFA devices. Keeps the devices it has seen."""
+    """:class:`~accel_core.dra.profile.DraProfile` for EFA devices, on the EFA host scanner."""
 
     driver_name: str = DRA_DRIVER_NAME
     metrics_prefix: str = "efa_dra"
-    udev_subsystems: tuple[str, ...] = ("infiniband", "infiniband_verbs")
     default_config: EfaConfig = EfaConfig()
 
-    def __init__(self) -> None:
-        self._seen = SeenDevices()
+    def __init__(self, scanner: EfaScanner | None = None) -> None:
+        self.scanner = scanner if scanner is not None else EfaScanner()
         self._rdma_cm = False
 
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[EfaInventory]:
-        inv, _ = self._seen.update(discover(paths))
+        host = self.scanner.scan(paths)
+        inv = host.inventory
         self._rdma_cm = os.path.exists(paths.host(RDMA_CM))
         devices = tuple(SliceDevice(device_name(d), device_attributes(inv, d, dra_version)) for d in inv.devices)
-        health = {device_name(d): device_health(d) for d in inv.devices}
-        problems = (*inv.skipped, *(p for d in inv.devices for p in d.problems))
-        summary = {"instance_type": inv.instance_type or None, "ignored_rdma": len(inv.ignored)}
-        return Scan(inv, devices, health, problems, summary)
-
-    def watch_paths(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
-        """Files, so the watcher watches their directories: the verbs class, /dev/infiniband, each present
-        device's port state, and the device-plugins directory (the coexistence guard)."""
-        return [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), paths.device_plugins_dir / SOCKET_NAME,
-                *self.health_files(paths, inventory)]
-
-    def health_files(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
-        """Each present device's port ``state`` files: real sysfs raises no event when a port goes DOWN."""
-        return port_state_files(d for d in inventory.devices if present(d))
-
-    def blocked(self, paths: HostPaths) -> str | None:
-        return device_plugin_blocks_dra(paths.device_plugins_dir, (SOCKET_NAME,), "EFA")
+        health = {device_name(d): host.health[d.id] for d in inv.devices}
+        return Scan(inv, devices, health, host.problems, host.summary)
 
     def decode_config(self, parameters: object, where: str) -> EfaConfig:
         decode_struct(parameters, where, (EfaParams,))

@@ -141,8 +141,9 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     own_task = logged_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop), "Node publisher")
     try:
         await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
-                                   rescan_interval=options.rescan_interval, udev_subsystems=("neuron_device",),
-                                   health_files=node.health_files, poll_interval=options.health_poll_interval)
+                                   rescan_interval=options.rescan_interval,
+                                   udev_subsystems=node.scanner.udev_subsystems, health_files=node.health_files,
+                                   poll_interval=options.health_poll_interval)
     finally:
         stop.set()
         # a task that died was logged when it did (logged_task); its error must not hide this shutdown

@@ -4,6 +4,7 @@ rediscoveries so changes are logged once and ListAndWatch is re-sent only when s
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
@@ -19,10 +20,11 @@ class HealthTracker:
     def __init__(self) -> None:
         self._state: dict[int, DeviceHealth] = {}
 
-    def update(self, inventory: NeuronInventory) -> list[int]:
+    def update(self, inventory: NeuronInventory, health: Mapping[str, DeviceHealth] | None = None) -> list[int]:
+        """``health``: the scanner's, by index as a string (computed here when not given)."""
         changed: list[int] = []
         for dev in inventory.devices:
-            state = device_health(dev)
+            state = health[str(dev.index)] if health is not None else device_health(dev)
             if self._state.get(dev.index) != state:
                 if dev.index in self._state or not state.healthy:
                     level = logging.INFO if state.healthy else logging.WARNING

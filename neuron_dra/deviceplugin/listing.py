@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
 from accel_core.awsfacts import ultraserver
+from accel_core.paths import HostPaths
+from neuron_dra import COEXISTENCE
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
-from neuron_dra.discovery import NeuronInventory
+from neuron_dra.discovery import NeuronInventory, discover
 
 GIB = 1024**3
 
@@ -107,3 +111,11 @@ def inventory_table(inv: NeuronInventory, blocked: str | None = None) -> str:
         out.append(f"advertising blocked: {blocked}")
     out += [f"problem: {p}" for p in inv.all_problems()]
     return "\n".join(out)
+
+
+def ls(paths: HostPaths, args: argparse.Namespace) -> str:
+    """``neuron-device-plugin ls``: the host's devices and the counts the plugin would advertise, table or JSON."""
+    inv = discover(paths)
+    blocked = COEXISTENCE.device_plugin_blocked(paths)
+    return json.dumps(inventory_report(inv, blocked), indent=2) if args.output == "json" else inventory_table(
+        inv, blocked)

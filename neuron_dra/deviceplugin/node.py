@@ -16,12 +16,11 @@ from accel_core.hostfiles import parse_index
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from neuron_dra import discovery
-from neuron_dra import health as health_rule
-from neuron_dra.deviceplugin import guard
-from neuron_dra.deviceplugin.edits import CoreNumbering
 from neuron_dra.deviceplugin.health import HealthTracker
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.discovery import NeuronInventory
+from neuron_dra.edits import CoreNumbering
+from neuron_dra.scanner import NeuronScanner
 from neuron_dra.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -43,40 +42,30 @@ class NeuronNode:
     ) -> None:
         self.paths = paths
         self.numbering: CoreNumbering = numbering
+        self.scanner = NeuronScanner(full_rescan_interval=full_rescan_interval, clock=clock)
         self.health = HealthTracker()
         self.usage = UsageTracker(grace=grace, clock=clock)
         self.inventory = EMPTY_INVENTORY
         self.on_change: Callable[[], None] | None = None
-        self._seen: set[int] = set()
         self._problems = ProblemLog(log, "host problem", "host problem resolved")
         self._blocked: str | None = None
+        self._last_problems: tuple[str, ...] | None = None
         self._first = True
-        self._clock = clock
-        self._full_every = full_rescan_interval
-        self._last_full = float("-inf")
         self._usage_key: tuple[int, int] | None = None  # (usage version, cores per device) of the caches below
         self._by_cores: dict[int, list[int]] = {}
         self._whole: frozenset[int] = frozenset()
 
     # -- host ----------------------------------------------------------------------------------------------------
     def rediscover(self) -> None:
-        """Re-read the host (never raises for bad host files); logs new problems and health changes.
-
-        Between full scans (every ``full_rescan_interval`` s) only presence and ECC counters are re-read, which
-        keeps the frequent health rescans short; any change in presence forces a full scan at once.
-        """
-        now = self._clock()
-        if not self._first and now - self._last_full < self._full_every:
-            quick = discovery.refresh_state(self.paths, self.inventory)
-            if quick is not None:
-                self.health.update(quick)
-                self.inventory = quick
-                return
-        self._last_full = now
-        inv = discovery.discover(self.paths, known=self._seen)
-        self._seen.update(d.index for d in inv.devices)
-        self._problems.update(("", p) for p in inv.all_problems())
-        self.health.update(inv)
+        """Re-read the host through the Neuron host scanner (never raises for bad host files); logs new problems
+        and health changes. Between full scans (every ``full_rescan_interval`` s) the scanner re-reads only
+        presence and ECC counters, which keeps the frequent health rescans short."""
+        host = self.scanner.scan(self.paths)
+        inv = host.inventory
+        if host.problems != self._last_problems:
+            self._problems.update(("", p) for p in host.problems)
+            self._last_problems = host.problems
+        self.health.update(inv, host.health)
         if self._first or (len(inv.devices), inv.lnc, inv.topology.kind) != (
                 len(self.inventory.devices), self.inventory.lnc, self.inventory.topology.kind):
             if inv.devices:
@@ -92,21 +81,13 @@ class NeuronNode:
         self.inventory = inv
 
     def watch_paths(self) -> list[Path]:
-        """Host paths whose changes should trigger a rescan (inotify; the periodic rescan covers sysfs counters)."""
-        host = self.paths.host
-        out = [host(discovery.CLASS_DIR), host(discovery.LNC_FILE), self.paths.plugins_registry_dir]
-        for dev in self.inventory.devices:
-            out.append(host(dev.dev_node))
-            out.append(host(f"{discovery.CLASS_DIR}/neuron{dev.index}/stats/hardware"))
-        return out
+        return self.scanner.watch_paths(self.paths, self.inventory)
 
     def health_files(self) -> list[Path]:
-        """The files polled between rescans: each present device's uncorrected-error counters (sysfs raises no
-        event when they rise)."""
-        return health_rule.health_files(self.paths, self.inventory)
+        return self.scanner.health_files(self.paths, self.inventory)
 
     def blocked(self) -> str | None:
-        reason = guard.blocked_reason(self.paths)
+        reason = self.scanner.coexistence.device_plugin_blocked(self.paths)
         if reason != self._blocked:
             if reason:
                 log.warning("advertising nothing", extra=kv(reason=reason))

@@ -3,14 +3,17 @@ first Register (see :func:`neuron_dra.deviceplugin.cli.main`)."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
+from accel_core.cli import EnvFlag, node_name, seconds, seconds_or_zero
+from accel_core.paths import ENV_NODE_NAME
+from neuron_dra import NEURON_SOCKET, NEURONCORE_SOCKET
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
-from neuron_dra.runtime_env import CoreNumbering
+from neuron_dra.runtime_env import CORE_NUMBERING_FLAG, CoreNumbering
 
-NEURON_SOCKET = "neuron-devplugin.sock"
-NEURONCORE_SOCKET = "neuroncore-devplugin.sock"
 #: resource -> socket, in registration order
+__all__ = ["NEURONCORE_SOCKET", "NEURON_SOCKET", "FLAGS", "REGISTRATIONS", "ServeOptions"]
 REGISTRATIONS = ((NEURON, NEURON_SOCKET), (NEURONCORE, NEURONCORE_SOCKET))
 #: A full rescan (discovery of 16 devices, both device lists, the usage annotation, re-arming inotify) costs ~12 ms
 #: of CPU on trn2.48xlarge; inotify/udev events and health changes start one at once, so this is a safety net only
@@ -36,3 +39,32 @@ class ServeOptions:
     node_name: str | None = None
     """Our Node, for its labels (None: no labels)."""
     kubeconfig: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
+        """From ``neuron-device-plugin serve``'s flags; intervals of at least 50 ms."""
+        return cls(rescan_interval=max(0.05, args.rescan_interval),
+                   health_poll_interval=max(0.05, args.health_poll_interval),
+                   pod_resources_interval=max(0.05, args.pod_resources_interval),
+                   pod_resources_idle_interval=max(0.05, args.pod_resources_idle_interval),
+                   allocation_grace=max(0.0, args.allocation_grace), core_numbering=args.core_numbering,
+                   metrics_port=args.metrics_port, metrics_address=args.metrics_address, node_name=args.node_name,
+                   kubeconfig=args.kubeconfig)
+
+
+#: ``neuron-device-plugin serve``'s own flags, besides those every device plugin has (DevicePluginCli).
+FLAGS = (
+    EnvFlag("--pod-resources-interval", "POD_RESOURCES_INTERVAL", seconds, 2.0,
+            "seconds between PodResources List calls while devices are held or pending "
+            "(env POD_RESOURCES_INTERVAL; default 2)"),
+    EnvFlag("--pod-resources-idle-interval", "POD_RESOURCES_IDLE_INTERVAL", seconds, 30.0,
+            "seconds between PodResources List calls while no device is held or pending; an Allocate ends the wait "
+            "(env POD_RESOURCES_IDLE_INTERVAL; default 30)"),
+    EnvFlag("--allocation-grace", "ALLOCATION_GRACE", seconds_or_zero, 30.0,
+            "seconds an Allocate stays in use without PodResources confirming it (env ALLOCATION_GRACE; default 30)"),
+    CORE_NUMBERING_FLAG,
+    EnvFlag("--node-name", ENV_NODE_NAME, node_name, None,
+            "this node's name, for the UltraServer labels on its Node (env NODE_NAME)"),
+    EnvFlag("--kubeconfig", None, str, None,
+            "kubeconfig for the Node labels (default: KUBECONFIG, then in-cluster; none: no labels)"),
+)

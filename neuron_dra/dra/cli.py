@@ -8,12 +8,15 @@ from collections.abc import Sequence
 
 from accel_core.dra.cli import DriverCli
 from neuron_dra import DRA_DRIVER_NAME
+from neuron_dra.accelerator import DRA_DRIVER
 from neuron_dra.dra.profile import NeuronProfile
+from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
-METRICS_PORT = 9812
+METRICS_PORT = DRA_DRIVER.metrics_port
 
 CLI = DriverCli(prog="neuron-dra-driver", description=f"the Neuron DRA kubelet plugin for {DRA_DRIVER_NAME}",
-                metrics_port=METRICS_PORT, profile=NeuronProfile)
+                metrics_port=METRICS_PORT, healthcheck_port=DRA_DRIVER.health_port or 0,
+                profile=NeuronProfile, flags=(CORE_NUMBERING_FLAG,))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,59 +3,56 @@
 - devices: one per Neuron device (chip), ``neuron-device-<i>``, with the attributes of :mod:`.attributes`; on an
   UltraServer node also ``neuron-node`` (the node's share, excluding the chips by a shared counter) and the
   UltraServer node labels (:mod:`.ultraserver`);
-- health: :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors), the rule the Neuron
-  device plugin uses too, becomes a taint and the kubelet's health stream; the uncorrected-error counters are
-  the health files the core polls between rescans, as the device plugin does;
+- host side: the Neuron host scanner the device plugin uses too (:mod:`neuron_dra.scanner`): health under
+  :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors) becomes a taint and the kubelet's
+  health stream; the uncorrected-error counters are the health files the core polls between rescans; a vanished
+  device keeps the PCI address, PCIe root and NUMA node it had, so its published identity stays put while it is
+  gone (only its taint changes) and it comes back unchanged; the coexistence guard;
 - config: ``NeuronConfig`` (:mod:`.config`), Logical NeuronCore per request; ``UltraServerConfig``, the
   UltraServer runtime env for a ``neuron-node`` request;
-- container edits: ``/dev/neuron<i>`` per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of
-  the request's devices, numbered as the runtime in the container numbers them: see neuron_dra.runtime_env) and
+- container edits, from the builder the device plugin's Allocate uses (:mod:`neuron_dra.edits`): ``/dev/neuron<i>``
+  per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of the request's devices, numbered by
+  ``--core-numbering`` as the device plugin numbers them: see neuron_dra.runtime_env) and
   ``NEURON_LOGICAL_NC_CONFIG`` when the claim sets it;
-- a vanished device keeps the PCI address, PCIe root and NUMA node it had, so its published identity stays put
-  while it is gone (only its taint changes) and it comes back unchanged;
-- nothing is published or prepared while a Neuron device plugin runs on the node (:mod:`.guard`).
+- nothing is published or prepared while the Neuron device plugin runs on the node.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from accel_core.awsfacts import ultraserver as us_facts
 from accel_core.dra.devices import CounterSet
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.types import ClaimError, DeviceStatusData
-from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.edits import ContainerEdits
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
-from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover
+from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
-from neuron_dra.dra.guard import blocked_reason
-from neuron_dra.health import assess, health_files
-from neuron_dra.runtime_env import LNC_ENV, VISIBLE_CORES_ENV, format_core_list, visible_cores
+from neuron_dra.edits import CoreNumbering, device_node, format_core_list, runtime_env
+from neuron_dra.scanner import NeuronScanner
 
 
 class NeuronProfile:
-    """:class:`~accel_core.dra.profile.DraProfile` for Neuron devices. Keeps the devices it has seen."""
+    """:class:`~accel_core.dra.profile.DraProfile` for Neuron devices. On the Neuron host scanner."""
 
     driver_name: str = DRA_DRIVER_NAME
     metrics_prefix: str = "neuron_dra"
-    udev_subsystems: tuple[str, ...] = ("neuron_device",)
     default_config: NeuronConfig = NeuronConfig()
 
-    def __init__(self) -> None:
-        self._known: set[int] = set()
-        self._last_present: dict[int, NeuronDevice] = {}
+    def __init__(self, scanner: NeuronScanner | None = None, *, core_numbering: CoreNumbering = "container") -> None:
+        self.scanner = scanner if scanner is not None else NeuronScanner()
+        self.core_numbering: CoreNumbering = core_numbering
 
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[NeuronInventory]:
-        inv = self._with_last_known_slots(discover(paths, known=self._known))
-        self._known.update(d.index for d in inv.devices)
-        health = {device_name(i): state for i, state in assess(inv).items()}
-        summary = {"instance_type": inv.instance_type or None, "topology": inv.topology.kind, "lnc": inv.lnc,
-                   "driver_version": inv.driver_version}
+        host = self.scanner.scan(paths)
+        inv = host.inventory
+        health = {device_name(d.index): host.health[str(d.index)] for d in inv.devices}
+        summary = dict(host.summary)
         devices = slice_devices(inv, dra_version)
         counters: tuple[CounterSet, ...] = ()
         ids = inv.ultraserver
@@ -68,33 +65,8 @@ class NeuronProfile:
             if sick is not None:  # the node's share is only as good as its worst chip
                 health[us_dra.NODE_DEVICE] = sick
             summary = {**summary, "ultraserver": ids.server_id_4, "ultraserver_node": ids.node_id_4}
-        return Scan(inv, tuple(devices), health, tuple(inv.all_problems()), summary, counters=counters,
+        return Scan(inv, tuple(devices), health, host.problems, summary, counters=counters,
                     node_labels=us_facts.node_labels(ids))
-
-    def _with_last_known_slots(self, inv: NeuronInventory) -> NeuronInventory:
-        devices = []
-        for dev in inv.devices:
-            last = self._last_present.get(dev.index)
-            if dev.present:
-                self._last_present[dev.index] = dev
-            elif last is not None:
-                dev = replace(dev, pci_address=dev.pci_address or last.pci_address,
-                              pcie_root=dev.pcie_root or last.pcie_root,
-                              numa_node=dev.numa_node if dev.numa_node is not None else last.numa_node)
-            devices.append(dev)
-        return replace(inv, devices=tuple(devices))
-
-    def watch_paths(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
-        """As the device plugin watches: the class directory, the LNC setting and each device's /dev node (as files,
-        so the watcher watches their directories), and the device-plugins directory (the coexistence guard)."""
-        return [paths.host(CLASS_DIR), paths.host(LNC_FILE), *(paths.host(d.dev_node) for d in inventory.devices),
-                paths.device_plugins_dir]
-
-    def health_files(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
-        return health_files(paths, inventory)
-
-    def blocked(self, paths: HostPaths) -> str | None:
-        return blocked_reason(paths.device_plugins_dir)
 
     def decode_config(self, parameters: object, where: str) -> NeuronConfig:
         return decode_parameters(parameters, where)
@@ -135,15 +107,12 @@ class NeuronProfile:
         for index in sorted(indices):
             per_device = max(1, by_index[index].core_count // (effective or 1))
             cores.extend(range(index * per_device, (index + 1) * per_device))
-        env = [(VISIBLE_CORES_ENV, format_core_list(visible_cores(cores, per_device)))]
-        if lnc is not None:
-            env.append((LNC_ENV, str(lnc)))
+        env = list(runtime_env(cores, cores_per_device=per_device, lnc=lnc, numbering=self.core_numbering))
         if config.ultraserver_mode is not None:
             env.extend(us_dra.runtime_env(inventory.ultraserver, config.ultraserver_mode, request,
                                           inventory.instance_type or "this node"))
-        edits = {device_name(i): ContainerEdits(device_nodes=(DeviceNode(f"/dev/neuron{i}"),))
-                 for i in sorted(indices)}
-        status = device_status([by_index[i] for i in sorted(indices)], effective)
+        edits = {device_name(i): ContainerEdits(device_nodes=(device_node(i),)) for i in sorted(indices)}
+        status = device_status([by_index[i] for i in sorted(indices)], effective, self.core_numbering)
         if whole_node:  # one device in the claim: all the node's /dev nodes go with it
             nodes = tuple(n for e in edits.values() for n in e.device_nodes)
             edits = {us_dra.NODE_DEVICE: ContainerEdits(device_nodes=nodes)}
@@ -153,16 +122,17 @@ class NeuronProfile:
         return RequestEdits(edits, ContainerEdits(env=tuple(env)), status)
 
 
-def device_status(devices: Sequence[NeuronDevice], lnc: int | None) -> dict[str, DeviceStatusData]:
+def device_status(devices: Sequence[NeuronDevice], lnc: int | None,
+                  numbering: CoreNumbering = "container") -> dict[str, DeviceStatusData]:
     """Each device's ``status.devices`` data: its index, PCI address, the cores the container sees on it (as
-    ``NEURON_RT_VISIBLE_CORES`` numbers them: the container's devices renumbered from 0, in index order) and the
-    Logical NeuronCore setting in effect."""
+    ``NEURON_RT_VISIBLE_CORES`` numbers them: with ``container`` numbering the container's devices renumbered from
+    0 in index order, with ``host`` numbering the host's indices) and the Logical NeuronCore setting in effect."""
     out: dict[str, DeviceStatusData] = {}
     for rank, dev in enumerate(devices):
         per_device = max(1, dev.core_count // (lnc or 1))
+        first = (rank if numbering == "container" else dev.index) * per_device
         data: dict[str, object] = {"index": dev.index,
-                                   "visibleCores": format_core_list(range(rank * per_device,
-                                                                          (rank + 1) * per_device))}
+                                   "visibleCores": format_core_list(range(first, first + per_device))}
         if dev.pci_address:
             data["pciBusID"] = dev.pci_address
         if lnc is not None:

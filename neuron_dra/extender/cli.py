@@ -22,6 +22,7 @@ from accel_core.daemon import run_daemon
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.logs import kv, setup_logging
 from accel_core.metrics_http import serve_metrics
+from neuron_dra.accelerator import EXTENDER
 from neuron_dra.deviceusage import USAGE_ANNOTATION
 from neuron_dra.extender.decide import Decider, explain
 from neuron_dra.extender.podspec import BadInput, pod_info
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 PROG = "neuron-scheduler-extender"
 PORT = 12345  # the port the AWS Neuron scheduler extension uses
-METRICS_PORT = 9813
+METRICS_PORT = EXTENDER.metrics_port
 
 
 def build_parser() -> EnvArgumentParser:

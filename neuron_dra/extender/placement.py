@@ -1,7 +1,7 @@
 """Where a pod's Neuron requests would land on one node, decided by the device plugin's allocation policy.
 
 A :class:`NodeState` is one node's free devices and cores (from its device-usage annotation). :func:`place` asks
-:func:`~neuron_dra.deviceplugin.allocation.choose_devices` / ``choose_cores`` -- the same code that answers the
+:func:`~neuron_dra.allocation.choose_devices` / ``choose_cores`` -- the same code that answers the
 kubelet's GetPreferredAllocation -- for each container in turn, exactly as the device plugin will be asked, and
 says whether every container gets a connected set (and which), or names the set that is missing.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from neuron_dra.deviceplugin.allocation import choose_cores, choose_devices
+from neuron_dra.allocation import choose_cores, choose_devices
 from neuron_dra.deviceusage import NEURON, NEURONCORE, DeviceUsage
 from neuron_dra.topology import Topology, mask_of
 

@@ -24,6 +24,7 @@ from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.paths import HostPaths
 from efa_plugin.discovery import EfaInventory
 from efa_plugin.dra.profile import EfaProfile
+from efa_plugin.scanner import EfaScanner
 from neuron_dra.dra.profile import NeuronProfile
 
 NODE = "node-a"
@@ -49,7 +50,7 @@ class Publisher:
         return (taints[0].key, taints[0].value, taints[0].effect) if taints else None
 
 
-class SysfsLikeEfaProfile(EfaProfile):
+class SysfsLikeEfaScanner(EfaScanner):
     """No watch on the port state directories: on real sysfs a port going down raises no event, while on the fake
     host the write would (and inotify, not the poll, would carry the change)."""
 
@@ -149,7 +150,7 @@ def test_an_efa_port_going_down_reaches_the_kubelet_by_the_poll(short_tmp: Path)
     fake: FakeHost = copy_host(short_tmp / "h", "p4d.24xlarge")
     state = fake.ibdev_dir("rdmap16s27") / "ports" / "1" / "state"  # PCI 0000:10:1b.0 (efa.md section 2.2)
     write_in_place(state, "4: ACTIVE\n")  # copied up now, as above
-    rig = Rig(short_tmp, SysfsLikeEfaProfile())
+    rig = Rig(short_tmp, EfaProfile(SysfsLikeEfaScanner()))
     states = asyncio.run(poll_carries(rig, state, "1: DOWN\n", "efa-0000-10-1b-0"))
     assert len(states) == 4, "p4d.24xlarge: 4 EFAs"
     assert "DOWN" in states["efa-0000-10-1b-0"].message

@@ -188,9 +188,10 @@ def test_coexistence_guard(short_tmp: Path) -> None:
             reg.unlink()
             await r.standin.wait_devices(NEURON, lambda d: len(d) == 12)
             await r.standin.wait_devices(CORE, lambda d: len(d) == 24)
-            # a plain file with the name counts too
-            (r.standin.registry_dir / "neuron.aws.com-42-reg.sock").write_text("")
-            await r.standin.wait_devices(NEURON, lambda d: d == [])
+            # a rolling update's socket counts too
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(str(r.standin.registry_dir / "neuron.aws.com-42-reg.sock"))
+                await r.standin.wait_devices(NEURON, lambda d: d == [])
             (r.standin.registry_dir / "neuron.aws.com-42-reg.sock").unlink()
             await r.standin.wait_devices(NEURON, lambda d: len(d) == 12)
     run(scenario())

@@ -52,6 +52,8 @@ def test_the_daemons_declare_their_variables() -> None:
                      ("neuron-dra-driver", "serve", "HEALTHCHECK_PORT"), ("neuron-dra-driver", "serve", "POD_UID"),
                      ("neuron-dra-driver", "serve", "NODE_NAME"), ("neuron-dra-driver", "slices", "NODE_NAME"),
                      ("neuron-dra-driver", "serve", "RESCAN_INTERVAL"),
+                     ("neuron-dra-driver", "serve", "NEURON_CORE_NUMBERING"),
+                     ("neuron-dra-driver", "slices", "NEURON_CORE_NUMBERING"),
                      ("efa-dra-driver", "serve", "HEALTH_POLL_INTERVAL"),
                      ("neuron-dra-driver", "remove-slices", "LOG_LEVEL")]:
         assert expected in declared
@@ -91,6 +93,7 @@ def test_every_variable_with_a_bad_value(monkeypatch: pytest.MonkeyPatch, capsys
     ("neuron-dra-driver", ["serve", "--node-name", "n1"], "HEALTHCHECK_PORT", "...", "or -1 for off (-1..65535)"),
     ("neuron-dra-driver", ["serve", "--node-name", "n1"], "POD_UID", "../../etc", "expected a UID"),
     ("neuron-dra-driver", ["slices"], "NODE_NAME", "Node_1", "expected a node name"),
+    ("neuron-dra-driver", ["serve", "--node-name", "n1"], "NEURON_CORE_NUMBERING", "both", "one of container, host"),
 ])
 def test_reported_values(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], prog: str,
                          argv: list[str], variable: str, value: str, reason: str) -> None:
@@ -147,3 +150,20 @@ def test_installed_command_prints_one_line(prog: str) -> None:
     assert res.stdout == "" and "Traceback" not in res.stderr
     assert res.stderr == f"{prog} serve: error: environment variable METRICS_PORT: expected a port number " \
                          "(0..65535), got 'abc'\n"
+
+
+@pytest.mark.parametrize(("argv", "env", "numbering"), [
+    ([], None, "container"),  # the device plugin's default
+    ([], "host", "host"),
+    (["--core-numbering", "host"], "container", "host"),
+])
+def test_the_dra_driver_takes_the_device_plugins_core_numbering(monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                                env: str | None, numbering: str) -> None:
+    if env is not None:
+        monkeypatch.setenv("NEURON_CORE_NUMBERING", env)
+    else:
+        monkeypatch.delenv("NEURON_CORE_NUMBERING", raising=False)
+    plugin = neuron_cli.build_parser().parse_args(["serve", *argv])
+    args = dra_cli.CLI.parser().parse_args(["serve", "--node-name", "n1", *argv])
+    assert plugin.core_numbering == args.core_numbering == numbering
+    assert dra_cli.CLI.make_profile(args).core_numbering == numbering  # type: ignore[attr-defined]

@@ -13,10 +13,15 @@ import sys
 import tomllib
 from pathlib import Path
 
+from accel_core.registry import accelerators
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
-DAEMONS = ("efa-device-plugin", "efa-dra-driver", "neuron-device-plugin", "neuron-dra-driver")
+#: this distribution's accelerators (the image installs only it), as their registry declarations say
+OURS = [acc for acc in accelerators() if acc.distribution == "aws-accel-agents"]
+DAEMONS = tuple(d.script for acc in OURS for d in acc.daemons if d.read_only)
+ALL_SCRIPTS = tuple(d.script for acc in OURS for d in acc.daemons)
 DEV_ONLY = ("accel_core.fakehost", "accel_core.devtools")
 
 
@@ -60,7 +65,7 @@ def test_final_stage_copies_only_the_virtual_environment() -> None:
     text = " ".join(final)
     for tool in ("apt-get", "gcc", "build-essential", "setup.py", "pip "):
         assert tool not in text, f"{tool} in the final stage"
-    for daemon in (*DAEMONS, "neuron-scheduler-extender"):
+    for daemon in ALL_SCRIPTS:
         assert f"{daemon} --help" in text, f"the build does not check the {daemon} console script"
 
 
@@ -74,8 +79,14 @@ def test_build_stage_leaves_no_pip_and_no_dev_console_scripts_in_the_venv() -> N
 
 def test_daemon_console_scripts_are_declared() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    missing = [d for d in DAEMONS if d not in scripts]
-    assert not missing, f"pyproject [project.scripts] lacks {missing}; the image build and the charts run them"
+    wrong = {d.script: d.target for acc in OURS for d in acc.daemons if scripts.get(d.script) != d.target}
+    assert len(DAEMONS) >= 4 and not wrong, f"pyproject [project.scripts] differs from the declarations: {wrong}"
+
+
+def test_the_build_copies_every_accelerator_package() -> None:
+    copied = {line.split()[1] for line in stages()[1] if line.startswith("COPY ")}
+    missing = [p for acc in OURS for p in acc.packages if p not in copied]
+    assert not missing, f"the build stage does not copy {missing}"
 
 
 def test_dockerignore_lets_in_what_the_build_copies() -> None:
@@ -98,13 +109,9 @@ def test_dev_only_code_is_left_out_of_the_image() -> None:
         assert package.replace(".", "/") in ignored, f"{package} would be copied into the image"
 
 
-#: Each daemon's read-only command, run on a fake host tree with the dev-only packages made unimportable.
-RUNS = {
-    "efa-device-plugin": ["ls", "--output", "json"],
-    "efa-dra-driver": ["slices", "--node-name", "n1"],
-    "neuron-device-plugin": ["ls"],
-    "neuron-dra-driver": ["slices", "--node-name", "n1"],
-}
+#: Each daemon's read-only command (its declaration's), run on a fake host tree with the dev-only packages made
+#: unimportable.
+RUNS = {d.script: list(d.read_only) for acc in OURS for d in acc.daemons if d.read_only}
 BLOCK_DEV_ONLY = """
 import importlib.abc, importlib.metadata, sys
 class Block(importlib.abc.MetaPathFinder):

@@ -173,7 +173,7 @@ def test_both_daemons_poll_each_present_efas_port_state(tmp_path: Path) -> None:
 
     def polled() -> list[Path]:
         policy.rediscover()
-        files = profile.health_files(paths, profile.scan(paths, "1.2.3").inventory)
+        files = profile.scanner.health_files(paths, profile.scan(paths, "1.2.3").inventory)
         assert files == policy.health_files(), "the device plugin and the DRA driver poll the same files"
         return files
 
@@ -281,20 +281,19 @@ def test_dra_driver_and_device_plugin_step_aside_for_each_other(short_tmp: Path)
     registry.mkdir(parents=True)
     (plugins / "aws-efa-device-plugin.sock").write_text("")  # a stale regular file is no running plugin
     (registry / ".efa.aws.com-reg.sock").write_text("")  # nor a hidden name
-    assert profile.blocked(paths) is None and policy.advertise_blocked() is None
-    (registry / "efa.aws.com-reg.sock").write_text("")  # the device plugin errs on the safe side (as Neuron's)
-    assert "efa.aws.com-reg.sock" in str(policy.advertise_blocked())
+    (registry / "efa.aws.com-reg.sock").write_text("")  # one rule both ways: a regular file is no driver either
+    assert profile.scanner.coexistence.dra_blocked(paths) is None and policy.advertise_blocked() is None
     (plugins / "aws-efa-device-plugin.sock").unlink()
     (registry / "efa.aws.com-reg.sock").unlink()
     socks = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
     try:
         socks[0].bind(str(plugins / "aws-efa-device-plugin.sock"))
-        assert "EFA device plugin is running" in str(profile.blocked(paths))
+        assert "EFA device plugin is running" in str(profile.scanner.coexistence.dra_blocked(paths))
         assert policy.advertise_blocked() is None
-        socks[1].bind(str(registry / "efa.aws.com-0b7c-reg.sock"))
+        socks[1].bind(str(registry / "efa.aws.com-0b7c-reg.sock"))  # a rolling update's pod UID
         assert "EFA DRA driver (efa.aws.com) is registered" in str(policy.advertise_blocked())
         # the other drivers' sockets do not count
-        assert NeuronProfile().blocked(paths) is None
+        assert NeuronProfile().scanner.coexistence.dra_blocked(paths) is None
     finally:
         for s in socks:
             s.close()

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from neuron_facts import TRN2_LINKS, connected, well_placed_on_torus, well_placed_sets_within
 
-from neuron_dra.deviceplugin.allocation import choose_cores, choose_devices
-from neuron_dra.deviceplugin.edits import container_edits, format_core_list, visible_cores
+from neuron_dra.allocation import choose_cores, choose_devices
+from neuron_dra.edits import container_edits, format_core_list, visible_cores
 from neuron_dra.topology import Topology
 
 TORUS = Topology.regular("torus4x4", 16)

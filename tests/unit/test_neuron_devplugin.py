@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -210,7 +211,7 @@ def test_both_daemons_poll_each_present_devices_uncorrected_counters(tmp_path: P
 
     def polled() -> list[str]:
         node.rediscover()
-        files = profile.health_files(node.paths, profile.scan(node.paths, "0.1.0").inventory)
+        files = profile.scanner.health_files(node.paths, profile.scan(node.paths, "0.1.0").inventory)
         assert files == node.health_files(), "the device plugin and the DRA driver poll the same files"
         return [f.relative_to(fake.root).as_posix() for f in files]
 
@@ -235,21 +236,19 @@ def test_the_rule_reads_problem_kinds_not_messages(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------- guard
 
 
-@pytest.mark.parametrize(("name", "blocks"), [("neuron.aws.com-reg.sock", True),
-                                              ("neuron.aws.com-1234-abcd-reg.sock", True),
-                                              ("efa.networking.k8s.aws-reg.sock", False),
-                                              (".neuron.aws.com-reg.sock", False)])
-def test_guard(tmp_path: Path, name: str, blocks: bool) -> None:
-    _, node, dev, core = make(tmp_path, "inf2.xlarge")
+def test_guard(short_tmp: Path) -> None:
+    """The device plugin side of the one rule (accel_core.coexistence; tests/unit/test_coexistence.py has its edge
+    cases): a registration socket blocks both resources, and the reason names it."""
+    _, node, dev, core = make(short_tmp, "inf2.xlarge")
     registry = node.paths.plugins_registry_dir
     registry.mkdir(parents=True)
     assert dev.advertise_blocked() is None
-    (registry / name).write_text("")
-    reason = core.advertise_blocked()
-    assert (reason is not None) == blocks
-    if reason:
-        assert "neuron.aws.com" in reason and str(registry / name) in reason
-    (registry / name).unlink()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(registry / "neuron.aws.com-reg.sock"))
+        reason = core.advertise_blocked()
+        assert reason is not None and str(registry / "neuron.aws.com-reg.sock") in reason
+        assert dev.advertise_blocked() is not None
+    (registry / "neuron.aws.com-reg.sock").unlink()
     assert dev.advertise_blocked() is None
 
 
@@ -305,3 +304,18 @@ def test_sizes_beyond_the_node_are_refused(tmp_path: Path) -> None:
             dev.preferred(everything, [], size)
     with pytest.raises(AllocationError, match="allocation size 33 is not within the 32 IDs"):
         core.preferred([str(i) for i in range(32)], [], 33)
+
+
+def test_a_vanished_device_keeps_its_numa_node_in_both_daemons(tmp_path: Path) -> None:
+    """One memory of seen devices (neuron_dra.scanner): the device plugin advertises a vanished device with the
+    NUMA node it had, as the DRA driver publishes it, so its topology hint stays put while it is gone."""
+    fake, node, dev, _ = make(tmp_path, "trn2.48xlarge")
+    pci = node.inventory.device(2).pci_address
+    numa = int((fake.root / f"sys/bus/pci/devices/{pci}/numa_node").read_text())  # the host's own answer
+    profile = NeuronProfile()
+    profile.scan(node.paths, "0.1.0")
+    fake.remove_neuron(2)
+    node.rediscover()
+    advertised = {d.id: d for d in dev.devices()}["2"]
+    assert not advertised.healthy and advertised.numa_node == numa
+    assert profile.scan(node.paths, "0.1.0").inventory.device(2).numa_node == numa

@@ -36,6 +36,7 @@ from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory, discover
 from neuron_dra.dra.profile import NeuronProfile
+from neuron_dra.edits import CoreNumbering
 
 NODE = "node-a"
 LNC1 = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}
@@ -76,7 +77,9 @@ class FakeReader:
 class Rig:
     """A fake host plus a driver wired to it; ``restart()`` builds a new driver on the same files."""
 
-    def __init__(self, root: Path, instance_type: str = "trn2.48xlarge", *, own_host: bool = False) -> None:
+    def __init__(self, root: Path, instance_type: str = "trn2.48xlarge", *, own_host: bool = False,
+                 core_numbering: CoreNumbering = "container") -> None:
+        self.core_numbering: CoreNumbering = core_numbering
         # The driver writes only below kubelet/ and cdi/: a test that changes the host asks for its own copy.
         self.host: FakeHost = copy_host(root / "host", instance_type) if own_host else shared_host(instance_type)
         self.paths = HostPaths(host_root=self.host.root, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
@@ -90,8 +93,9 @@ class Rig:
                                 read_boot_id(self.paths.host_root))
         self.loaded = self.store.load()
         self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor("neuron.aws.com"), CDI_CLASS)
-        self.driver = DraDriver(NeuronProfile(), node_name=NODE, reader=self.reader, cdi=self.cdi, store=self.store,
-                                   inventory=lambda: self.inventory)
+        self.driver = DraDriver(NeuronProfile(core_numbering=self.core_numbering), node_name=NODE, reader=self.reader,
+                                cdi=self.cdi, store=self.store,
+                                inventory=lambda: self.inventory)
         self.restored = self.driver.restore()
         self.orphans = self.driver.remove_orphan_specs()  # as the service does at start
 
@@ -152,6 +156,18 @@ def test_lnc_1_claim_and_a_torus_row(rig: Rig) -> None:
     assert _device_nodes(spec) == ["/dev/neuron4", "/dev/neuron5", "/dev/neuron6", "/dev/neuron7"]
     # the container sees only /dev/neuron4-7, so its runtime numbers their cores from 0
     assert _env(spec) == {"NEURON_RT_VISIBLE_CORES": "0-15"}
+
+
+def test_host_core_numbering_reaches_the_cdi_spec(tmp_path: Path) -> None:
+    """``--core-numbering host`` (for runtimes before 2.16) on the DRA path, as on the device plugin's: trn2 has 8
+    NeuronCores per device, 4 logical ones at the default LNC 2, so devices 4-7 hold host cores 16-31."""
+    rig = Rig(tmp_path, core_numbering="host")
+    row = rig.reader.add(make_claim("u-row", [4, 5, 6, 7]))
+    rig.prepare(row)
+    assert _env(rig.spec("u-row")) == {"NEURON_RT_VISIBLE_CORES": "16-31"}
+    status = NeuronProfile(core_numbering="host").container_edits(rig.inventory, "r", ["neuron-device-5"],
+                                                                  NeuronProfile.default_config).status
+    assert status["neuron-device-5"].data["visibleCores"] == "20-23"
 
 
 def test_prepare_is_idempotent_and_refuses_devices_of_another_claim(rig: Rig) -> None:

@@ -1,4 +1,5 @@
-"""Preferred allocation: connected device sets and packed NeuronCores. Pure functions over a topology.
+"""Preferred allocation: connected device sets and packed NeuronCores. Pure functions over a topology, shared by the
+device plugin (GetPreferredAllocation) and the scheduler extender (placement).
 
 Devices: among the free connected sets of the requested size that hold every must-include device (aligned torus
 groups of 1/4/8/16, connected subsets of one aligned block for other sizes, runs of neighbours on a ring or

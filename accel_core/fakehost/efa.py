@@ -1,0 +1,183 @@
+"""The EFA (and other RDMA) share of a fake host: ``/sys/class/infiniband*``, the PCI functions,
+``/dev/infiniband``; mutations: remove/restore a device, port state, counters. Registered by
+``efa_plugin/accelerator.py``. Layout: docs/fake-sysfs.md."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from accel_core.awsfacts.catalog import InstanceType, PciFunction
+from accel_core.fakehost import layout
+from accel_core.fakehost.fsops import FakeHostError
+from accel_core.fakehost.parts import HostPart, Writer
+
+UVERBS_MAJOR = 231
+UVERBS_BASE_MINOR = 192  # ib_uverbs minors start at 192: uverbs0 is 231:192
+EFA_VENDOR = "0x1d0f"
+
+EFA_DEVICE_COUNTERS = (
+    "submitted_cmds", "completed_cmds", "cmds_err", "no_completion_cmds", "keep_alive_rcvd", "alloc_pd_err",
+    "create_qp_err", "create_cq_err", "reg_mr_err", "alloc_ucontext_err", "create_ah_err", "mmap_err",
+)
+EFA_PORT_COUNTERS = (
+    "tx_bytes", "tx_pkts", "rx_bytes", "rx_pkts", "rx_drops", "send_bytes", "send_wrs", "recv_bytes", "recv_wrs",
+    "rdma_read_wrs", "rdma_read_bytes", "rdma_read_wr_err", "rdma_read_resp_bytes", "rdma_write_wrs",
+    "rdma_write_bytes", "rdma_write_wr_err", "rdma_write_recv_bytes", "retrans_bytes", "retrans_pkts",
+    "retrans_timeout_events", "unresponsive_remote_events", "impaired_remote_conn_events",
+)
+
+_PORT_STATES = {
+    "DOWN": ("1: DOWN", "3: Disabled"),
+    "INIT": ("2: INIT", "5: LinkUp"),
+    "ARMED": ("3: ARMED", "5: LinkUp"),
+    "ACTIVE": ("4: ACTIVE", "5: LinkUp"),
+}
+
+
+@dataclass(frozen=True)
+class RdmaSlot:
+    """One RDMA device as built: name, PCI function, uverbs index, PCI driver and whether it is an EFA."""
+
+    ibdev: str
+    pci: PciFunction
+    uverbs: int
+    driver: str
+    is_efa: bool
+
+    @property
+    def pci_dir(self) -> str:
+        return layout.pci_dir(self.pci)
+
+    @property
+    def ibdev_dir(self) -> str:
+        return f"{self.pci_dir}/infiniband/{self.ibdev}"
+
+    @property
+    def uverbs_name(self) -> str:
+        return f"uverbs{self.uverbs}"
+
+    def group(self) -> list[str]:
+        """Paths that vanish when the device is detached, in removal order (entry points first)."""
+        return [f"sys/class/infiniband/{self.ibdev}", f"sys/class/infiniband_verbs/{self.uverbs_name}",
+                f"dev/infiniband/{self.uverbs_name}", f"sys/bus/pci/drivers/{self.driver}/{self.pci.bdf}",
+                f"sys/bus/pci/devices/{self.pci.bdf}", self.pci_dir]
+
+
+def rdma_slots(spec: InstanceType, *, efa: bool) -> list[RdmaSlot]:
+    """RDMA devices in uverbs order: non-EFA (mlx5) first, as the kernel probes them, then the EFAs."""
+    slots = [RdmaSlot(d.ibdev, d.pci, i, d.driver, False) for i, d in enumerate(spec.other_rdma)]
+    if efa and spec.efa is not None:
+        start = len(slots)
+        slots += [RdmaSlot(d.ibdev, d.pci, start + i, "efa", True) for i, d in enumerate(spec.efa.devices)]
+    return slots
+
+
+def _guid(*parts: str) -> str:
+    h = hashlib.sha256("/".join(parts).encode()).hexdigest()[:16]
+    return ":".join(h[i : i + 4] for i in range(0, 16, 4))
+
+
+class EfaPart(HostPart):
+    """EFA and non-EFA RDMA devices. Option ``efa=False`` leaves EFA unattached (non-EFA RDMA stays)."""
+
+    options: ClassVar[Mapping[str, Any]] = {"efa": True}
+
+    def __init__(self, host: Any, spec: InstanceType, options: Mapping[str, Any]) -> None:
+        super().__init__(host, spec, options)
+        self._rdma = {s.ibdev: s for s in rdma_slots(spec, efa=bool(self.opts["efa"]))}
+
+    def write(self, w: Writer) -> None:
+        if self._rdma:
+            w.file("sys/class/infiniband_verbs/abi_version", "6\n")
+            w.file("dev/infiniband/rdma_cm", "")
+        for slot in self._rdma.values():
+            self._write_slot(w, slot)
+
+    def _write_slot(self, w: Writer, slot: RdmaSlot) -> None:
+        spec = self.spec
+        if slot.is_efa:
+            assert spec.efa is not None
+            vendor, device, pci_class = EFA_VENDOR, spec.efa.pci_device_id, "0x020000"
+            node_type, link_layer, rate = "7: unspecified", "Unknown", spec.efa.rate
+        else:
+            other = next(d for d in spec.other_rdma if d.ibdev == slot.ibdev)
+            vendor, device, pci_class = other.vendor, other.device, "0x020700"
+            node_type, link_layer, rate = other.node_type, other.link_layer, other.rate
+        pci = w.pci_function(slot.pci, vendor=vendor, device=device, pci_class=pci_class, driver=slot.driver)
+        if slot.is_efa and spec.efa is not None:
+            w.file(f"{pci}/p2p", f"{spec.efa.p2p}\n")
+        guid = _guid(spec.name, slot.pci.bdf)
+        ib = slot.ibdev_dir
+        w.files(ib, {"node_type": f"{node_type}\n", "node_guid": f"{guid}\n", "sys_image_guid": f"{guid}\n",
+                     "node_desc": f"{slot.ibdev}\n", "fw_ver": "0.0.0.0\n", "hw_rev": "0x0\n"})
+        w.link(f"{ib}/device", pci)
+        port = f"{ib}/ports/1"
+        w.files(port, {"state": "4: ACTIVE\n", "phys_state": "5: LinkUp\n", "rate": f"{rate}\n",
+                       "link_layer": f"{link_layer}\n", "lid": "0x0\n", "sm_lid": "0x0\n",
+                       "gids/0": f"fe80:0000:0000:0000:{guid}\n"})
+        if slot.is_efa:
+            w.files(f"{ib}/hw_counters", {**{n: "0\n" for n in EFA_DEVICE_COUNTERS}, "lifespan": "10\n"})
+            w.files(f"{port}/hw_counters", {**{n: "0\n" for n in EFA_PORT_COUNTERS}, "lifespan": "10\n"})
+        uverbs = f"{pci}/infiniband_verbs/{slot.uverbs_name}"
+        w.files(uverbs, {"ibdev": f"{slot.ibdev}\n", "dev": f"{UVERBS_MAJOR}:{UVERBS_BASE_MINOR + slot.uverbs}\n",
+                         "abi_version": "1\n"})
+        w.link(f"{uverbs}/device", pci)
+        w.link(f"sys/class/infiniband/{slot.ibdev}", ib)
+        w.link(f"sys/class/infiniband_verbs/{slot.uverbs_name}", uverbs)
+        w.file(f"dev/infiniband/{slot.uverbs_name}", "")
+
+    # -- mutations and views (FakeHost offers them by name) ------------------------------------------------------
+
+    @property
+    def efa_ibdevs(self) -> list[str]:
+        """EFA ibdev names as built (removals do not change this list), in uverbs order."""
+        return [s.ibdev for s in self._rdma.values() if s.is_efa]
+
+    @property
+    def rdma_ibdevs(self) -> list[str]:
+        """All RDMA ibdev names as built, EFA and non-EFA, in uverbs order."""
+        return list(self._rdma)
+
+    def uverbs_of(self, ibdev: str) -> str:
+        """``uverbsN`` of an RDMA device as built."""
+        return self._slot(ibdev).uverbs_name
+
+    def ibdev_dir(self, ibdev: str) -> Path:
+        """The device's real sysfs directory (under its PCI function)."""
+        return Path(self.host.root) / self._slot(ibdev).ibdev_dir
+
+    def remove_efa(self, ibdev: str) -> None:
+        """Detach an EFA/RDMA device: its class links, ``/dev/infiniband/uverbsN``, bus links and PCI function."""
+        self.host.remove(f"efa:{ibdev}", self._slot(ibdev).group())
+
+    def restore_efa(self, ibdev: str) -> None:
+        """Re-create exactly what :meth:`remove_efa` removed."""
+        self._slot(ibdev)
+        self.host.restore(f"efa:{ibdev}")
+
+    def set_port_state(self, ibdev: str, state: str) -> None:
+        """Set ``ports/1/state`` and ``phys_state``: DOWN, INIT, ARMED or ACTIVE."""
+        try:
+            logical, physical = _PORT_STATES[state.upper()]
+        except KeyError:
+            raise FakeHostError(f"port state must be one of {', '.join(_PORT_STATES)}, got {state!r}") from None
+        port = f"{self._slot(ibdev).ibdev_dir}/ports/1"
+        self.host.replace(f"{port}/state", f"{logical}\n")
+        self.host.replace(f"{port}/phys_state", f"{physical}\n")
+
+    def set_efa_counter(self, ibdev: str, name: str, value: int, port: int | None = None) -> None:
+        """Set a ``hw_counters`` value: device scope when ``port`` is None, else ``ports/<port>/hw_counters``."""
+        base = self._slot(ibdev).ibdev_dir
+        rel = f"{base}/hw_counters/{name}" if port is None else f"{base}/ports/{port}/hw_counters/{name}"
+        self.host.replace(rel, f"{int(value)}\n", what=f"counter {name!r} of {ibdev}")
+
+    def _slot(self, ibdev: str) -> RdmaSlot:
+        try:
+            return self._rdma[ibdev]
+        except KeyError:
+            known = ", ".join(self._rdma) or "none"
+            raise self.fail(f"no RDMA device {ibdev!r} (built: {known})") from None

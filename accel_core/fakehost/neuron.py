@@ -1,0 +1,183 @@
+"""The Neuron share of a fake host: ``/sys/class/neuron_device``, ``/dev/neuronN``, the PCI functions, the LNC
+file and the UltraServer class attributes; mutations: remove/restore a device, counters, UltraServer ids.
+Registered by ``neuron_dra/accelerator.py``. Layout: docs/fake-sysfs.md."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from accel_core.awsfacts import ultraserver
+from accel_core.awsfacts.catalog import InstanceType, PciFunction
+from accel_core.awsfacts.ultraserver import UltraServerIds
+from accel_core.fakehost import layout
+from accel_core.fakehost.fsops import FakeHostError, resolve
+from accel_core.fakehost.parts import HostPart, Writer
+
+NEURON_MAJOR = 241  # assumed: the Neuron driver allocates its major dynamically
+_VENDOR = "0x1d0f"
+_POWER_TIMESTAMP = 1767225600  # assumed: fixed so trees are reproducible
+
+NEURON_STATUS_COUNTERS = (
+    "success", "failure", "timeout", "exec_bad_input", "hw_error", "infer_failed_to_queue", "resource_nc_error",
+    "unsupported_neff_version", "infer_completed_with_error", "invalid_error", "oob_error", "generic_error",
+    "infer_completed_with_num_error", "resource_error", "hw_hbm_ue_error", "hw_nc_ue_error", "hw_dma_abort_error",
+    "hw_collectives_error",
+)
+NEURON_DEVICE_MEM_CATEGORIES = (
+    "collectives", "constants", "dma_rings", "driver_memory", "model_code", "model_shared_scratchpad",
+    "nonshared_scratchpad", "notifications", "runtime_memory", "tensors", "uncategorized",
+)
+NEURON_HOST_MEM_CATEGORIES = (
+    "application_memory", "constants", "dma_buffers", "dma_rings", "driver_memory", "notifications", "tensors",
+    "uncategorized",
+)
+NEURON_HW_COUNTERS = ("mem_ecc_uncorrected", "mem_ecc_repairable_uncorrected", "sram_ecc_uncorrected")
+NEURON_OTHER_INFO = ("flop_count", "inference_count", "model_load_count", "reset_fail_count", "reset_req_count",
+                     "nc_time_in_use")
+
+
+@dataclass(frozen=True)
+class NeuronSlot:
+    index: int
+    pci: PciFunction
+    driver: str
+
+    @property
+    def sysfs_dir(self) -> str:
+        return f"sys/devices/virtual/neuron_device/neuron{self.index}"
+
+    def group(self) -> list[str]:
+        """Paths that vanish when the device disappears, in removal order (entry points first)."""
+        return [f"sys/class/neuron_device/neuron{self.index}", f"dev/neuron{self.index}", self.sysfs_dir,
+                f"sys/bus/pci/drivers/{self.driver}/{self.pci.bdf}", f"sys/bus/pci/devices/{self.pci.bdf}",
+                layout.pci_dir(self.pci)]
+
+
+def neuron_slots(spec: InstanceType) -> list[NeuronSlot]:
+    if spec.neuron is None:
+        return []
+    return [NeuronSlot(d.index, d.pci, spec.neuron.pci_driver) for d in spec.neuron.devices]
+
+
+def _counter(values: tuple[str, ...], *, peak: bool = False) -> dict[str, str]:
+    files = ("total", "present", "peak") if peak else ("total", "present")
+    return {f"{name}/{f}": "0\n" for name in values for f in files}
+
+
+class NeuronPart(HostPart):
+    """Neuron devices. Options: ``lnc`` (1 or 2, types with an LNC setting), ``ultraserver_id`` and
+    ``ultraserver_node`` (0..3; UltraServer node types) make the node one of a 4-node UltraServer."""
+
+    options: ClassVar[Mapping[str, Any]] = {"lnc": None, "ultraserver_id": None, "ultraserver_node": None}
+
+    def __init__(self, host: Any, spec: InstanceType, options: Mapping[str, Any]) -> None:
+        super().__init__(host, spec, options)
+        self._neuron = {s.index: s for s in neuron_slots(spec)}
+
+    @classmethod
+    def check(cls, spec: InstanceType, options: Mapping[str, Any]) -> None:
+        lnc = options.get("lnc")
+        if lnc is not None:
+            if not spec.supports_lnc:
+                raise FakeHostError(f"instance type {spec.name} has no Logical NeuronCore setting; --lnc not allowed")
+            if lnc not in (1, 2):
+                raise FakeHostError(f"LNC must be 1 or 2, got {lnc}")
+        _ultraserver_ids(spec, options.get("ultraserver_id"), options.get("ultraserver_node"))
+
+    def write(self, w: Writer) -> None:
+        spec, neuron = self.spec, self.spec.neuron
+        if self.opts["lnc"] is not None:
+            w.file("opt/aws/neuron/logical_nc_config", f"NEURON_LOGICAL_NC_CONFIG={self.opts['lnc']}\n")
+        if neuron is None:
+            return
+        ids = _ultraserver_ids(spec, self.opts["ultraserver_id"], self.opts["ultraserver_node"])
+        w.files("sys/class/neuron_device", ultraserver.class_files(ids))
+        w.file("sys/module/neuron/version", f"{neuron.driver_version}\n")
+        for slot in self._neuron.values():
+            self._write_slot(w, slot)
+
+    def _write_slot(self, w: Writer, slot: NeuronSlot) -> None:
+        spec, neuron = self.spec, self.spec.neuron
+        assert neuron is not None
+        w.pci_function(slot.pci, vendor=_VENDOR, device=neuron.pci_device_id, pci_class="0x088000",
+                       driver=slot.driver)
+        dev = neuron.devices[slot.index]
+        d = slot.sysfs_dir
+        serial = hashlib.sha256(f"{spec.name}/neuron/{slot.index}".encode()).hexdigest()[:16]
+        w.files(d, {
+            "dev": f"{NEURON_MAJOR}:{slot.index}\n",
+            "uevent": f"MAJOR={NEURON_MAJOR}\nMINOR={slot.index}\nDEVNAME=neuron{slot.index}\n",
+            "core_count": str(neuron.cores_per_device),
+            "connected_devices": ", ".join(str(c) for c in dev.connected) + "\n",
+            "reset": "",
+            "info/notify_delay": "-1\n",
+            "info/serial_number": f"{serial}\n",
+            "info/architecture/arch_type": f"{neuron.arch_type}\n",
+            "info/architecture/device_name": f"{neuron.device_name}\n",
+            "info/architecture/instance_type": f"{neuron.arch_instance_type}\n",
+            "stats/power/utilization": f"POWER_STATUS_VALID,{_POWER_TIMESTAMP},0.00,0.00,0.00\n",
+        })
+        w.files(f"{d}/stats/hardware", _counter(NEURON_HW_COUNTERS))
+        w.files(f"{d}/stats/memory_usage/host_mem", _counter(NEURON_HOST_MEM_CATEGORIES, peak=True))
+        for core in range(neuron.cores_per_device):
+            c = f"{d}/neuron_core{core}"
+            w.file(f"{c}/info/architecture/arch_type", f"{neuron.core_arch_type}\n")
+            w.files(f"{c}/stats/status", _counter(NEURON_STATUS_COUNTERS))
+            w.files(f"{c}/stats/memory_usage/device_mem", _counter(NEURON_DEVICE_MEM_CATEGORIES, peak=True))
+            w.files(f"{c}/stats/memory_usage/host_mem", {"total": "0\n", "present": "0\n", "peak": "0\n"})
+            w.files(f"{c}/stats/other_info", {name: "0\n" for name in NEURON_OTHER_INFO})
+        w.link(f"sys/class/neuron_device/neuron{slot.index}", d)
+        w.file(f"dev/neuron{slot.index}", "")
+
+    # -- mutations and views (FakeHost offers them by name) ------------------------------------------------------
+
+    @property
+    def neuron_count(self) -> int:
+        """Neuron devices as built (removals do not change this number)."""
+        return len(self._neuron)
+
+    def remove_neuron(self, index: int) -> None:
+        """Remove Neuron device ``index``: class link, ``/dev/neuronN``, its sysfs dir and its PCI function."""
+        self.host.remove(f"neuron:{index}", self._nslot(index).group())
+
+    def restore_neuron(self, index: int) -> None:
+        """Re-create exactly what :meth:`remove_neuron` removed."""
+        self._nslot(index)
+        self.host.restore(f"neuron:{index}")
+
+    def set_neuron_counter(self, index: int, relpath: str, value: int | str) -> None:
+        """Set a file below ``neuronN/``, e.g. ``neuron_core0/stats/status/hw_error/total`` or
+        ``stats/hardware/mem_ecc_uncorrected/total``. The file must exist."""
+        rel = f"{self._nslot(index).sysfs_dir}/{relpath.strip('/')}"
+        resolve(self.host.root, rel)
+        self.host.replace(rel, f"{value}\n", what=f"neuron{index} attribute {relpath!r}")
+
+    def set_ultraserver(self, ids: UltraServerIds | None) -> None:
+        """Rewrite the class-level UltraServer attributes: a node's ids (``busy=True`` writes ``busy`` as the
+        mode, as during an election), or None for the values of a node outside an UltraServer."""
+        for name, text in ultraserver.class_files(ids).items():
+            self.host.replace(f"sys/class/neuron_device/{name}", text, what=f"neuron class attribute {name}")
+
+    def _nslot(self, index: int) -> NeuronSlot:
+        try:
+            return self._neuron[index]
+        except KeyError:
+            raise self.fail(f"no Neuron device {index} (built: {len(self._neuron)} devices)") from None
+
+
+def _ultraserver_ids(spec: InstanceType, name: str | None, node: int | None) -> UltraServerIds | None:
+    if name is None and node is None:
+        return None
+    if name is None or node is None:
+        raise FakeHostError("an UltraServer node needs both an UltraServer id and a node number (0..3)")
+    if spec.neuron is None or not spec.neuron.ultraserver:
+        raise FakeHostError(f"instance type {spec.name} is not an UltraServer node type (trn2u.48xlarge is)")
+    if not name or not name.isascii() or not name.isprintable():
+        raise FakeHostError(f"UltraServer id must be printable ASCII, got {name!r}")
+    try:
+        return ultraserver.fake_ids(name, node)
+    except ValueError as exc:
+        raise FakeHostError(str(exc)) from None
