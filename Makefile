@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck unit protos kube runtime image kube-peers bench bench-compare clean
+.PHONY: setup demo test lint typecheck unit protos kube runtime image kube-peers cdicheck bench bench-compare clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,10 @@ runtime:
 # The project image from the Dockerfile, with no registry: OCI archive + package listing in dist/image/ (cached)
 image: setup runtime
 	scripts/build-images.sh
+
+# The tests' CDI oracle (tools/cdicheck: upstream's pkg/cdi, as containerd loads specs), cached by source hash
+cdicheck:
+	scripts/build-cdicheck.sh
 
 # The Go peers of the side-by-side benchmark (own cache; `make test` never builds them)
 kube-peers:
@@ -52,7 +56,7 @@ XDIST ?= -n 3 --dist worksteal
 unit: setup
 	$(BIN)/pytest $(XDIST) tests/unit tests/component
 
-test: setup kube image lint typecheck
+test: setup kube cdicheck image lint typecheck
 	$(BIN)/pytest $(XDIST) tests/unit tests/component
 	$(BIN)/pytest tests/e2e
 

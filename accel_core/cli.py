@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.hostfiles import HostValueError, describe, parse_int
+from accel_core.k8snames import UID_RULE, is_subdomain, is_uid
 from accel_core.logs import kv, setup_logging
 from accel_core.paths import HostPaths, add_path_flags, resolve_paths
 
@@ -38,8 +39,6 @@ LOG_FORMATS = ("kv", "json")
 DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
 _SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})?", re.ASCII)
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}", re.ASCII)
 
 
 # ------------------------------------------------------------------------------------------------ value types
@@ -96,15 +95,15 @@ def ip_address(text: str) -> str:
 
 def node_name(text: str) -> str:
     """A Kubernetes Node name (a DNS subdomain of at most 253 characters)."""
-    if len(text) > 253 or not _DNS_SUBDOMAIN.fullmatch(text):
+    if not is_subdomain(text):
         raise argparse.ArgumentTypeError(f"expected a node name (lower-case DNS subdomain), got {describe(text)}")
     return text
 
 
 def uid(text: str) -> str:
-    """A Kubernetes object UID (letters, digits and dashes, at most 64 characters): safe in a file name."""
-    if not _UID.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"expected a UID (letters, digits, '-'), got {describe(text)}")
+    """A Kubernetes object UID (:func:`accel_core.k8snames.is_uid`): safe in a file name."""
+    if not is_uid(text):
+        raise argparse.ArgumentTypeError(f"expected a UID ({UID_RULE}), got {describe(text)}")
     return text
 
 

@@ -12,7 +12,7 @@ kubelet's plugin watcher ignores non-sockets too) whose name does not start with
 - one of the device plugin's socket names, exactly (the names the AWS device plugins register, such as
   ``aws-efa-device-plugin.sock``, ``neuron-devplugin.sock`` and ``neuroncore-devplugin.sock``), or
 - the DRA driver's registration socket: ``<driver>-reg.sock``, or ``<driver>-<pod UID>-reg.sock`` during a rolling
-  update, where the pod UID is one the driver itself accepts (:func:`accel_core.dra.names.is_uid`). A driver whose
+  update, where the pod UID is one the driver itself accepts (:func:`accel_core.k8snames.is_uid`). A driver whose
   name merely starts with ours (``neuron.aws.comx``, ``neuron.aws.com.x``) does not count.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from accel_core.dra.names import is_uid
+from accel_core.k8snames import is_uid
 from accel_core.paths import HostPaths
 
 REG_SUFFIX = "-reg.sock"

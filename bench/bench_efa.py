@@ -31,7 +31,7 @@ from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.metrics import CallbackCollector
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME
-from efa_plugin.allocation import Topology, first_fit
+from efa_plugin.allocation import Topology
 from efa_plugin.discovery import discover
 from efa_plugin.metrics import EfaMetrics
 from efa_plugin.policy import EfaPolicy
@@ -39,6 +39,13 @@ from efa_plugin.policy import EfaPolicy
 REPO = Path(__file__).resolve().parents[1]
 INSTANCE = "p5.48xlarge"
 
+
+
+def first_fit(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    """The baseline the benchmark compares against: must_include, then the lowest IDs."""
+    out = list(dict.fromkeys(must_include))
+    out += [a for a in sorted(available) if a not in out]
+    return out[: max(size, len(must_include))]
 
 def pct(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)

@@ -3,10 +3,15 @@ percentiles, process CPU and RSS, and the result table."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
 import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +37,28 @@ def console_script(name: str) -> str:
     """A daemon's real entry point in the project's venv (what the image runs), else the one on PATH."""
     path = VENV_BIN / name
     return str(path) if path.exists() else name
+
+
+def daemon_argv(name: str, tree: Path | None = None) -> list[str]:
+    """The command that starts daemon ``name``: its console script, or, for a baseline ``tree`` (another checkout of
+    this project), the same entry point imported from that tree ahead of the installed one."""
+    if tree is None:
+        return [console_script(name)]
+    scripts = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts[name].split(":")
+    code = f"import sys; sys.path.insert(0, {str(tree)!r}); from {module} import {func}; sys.exit({func}())"
+    return [sys.executable, "-c", code]
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str) -> Iterator[Path]:
+    """A detached checkout of ``rev`` in a temp directory (a git worktree), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="cmp-base-", dir="/tmp")) / "tree"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(path), rev], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False)
 
 
 def free_port() -> int:
@@ -110,3 +137,27 @@ class Table:
         out.insert(1, "  ".join("-" * w for w in widths))
         notes = [f"  {r.figure}: {r.note}" for r in self.rows if r.note]
         return "\n".join(out + (["notes:", *notes] if notes else []))
+
+
+@dataclass
+class Versus:
+    """This checkout against a baseline revision of it, figure by figure (lower is better for every figure)."""
+
+    base: str
+    limit: float = 1.10  #: the largest new/base ratio that passes
+    rows: list[tuple[str, str, float, float]] = field(default_factory=list)
+
+    def add(self, figure: str, unit: str, new: float, old: float) -> None:
+        self.rows.append((figure, unit, new, old))
+
+    def render(self) -> str:
+        header = ("figure", "unit", "this tree", f"baseline {self.base}", "new/base", f"<={self.limit:.2f}x")
+        lines = [header]
+        for figure, unit, new, old in self.rows:
+            ratio = f"{new / old:.2f}x" if old else "-"
+            met = "-" if not old else "yes" if new / old <= self.limit else "NO"
+            lines.append((figure, unit, f"{new:.3f}", f"{old:.3f}", ratio, met))
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+        out = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+        out.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(out)

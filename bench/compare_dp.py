@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compare_common import REPO, Row, Table, console_script, cpu_seconds, free_port, p50, rss_mib
+from compare_common import REPO, Row, Table, Versus, cpu_seconds, daemon_argv, free_port, p50, rss_mib
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import FakeHost, build_host
@@ -89,12 +89,13 @@ class Plugin:
         self.pref.append(time.perf_counter() - t0)
 
 
-def plugins(peers: Path, efa_host: Path, neuron_host: Path) -> list[Plugin]:
+def plugins(peers: Path, efa_host: Path, neuron_host: Path, baseline: Path | None = None) -> list[Plugin]:
+    """Ours, the Go sample, the floors, and, with a ``baseline`` checkout, ours as of that checkout."""
     py = sys.executable
     floor_script = str(REPO / "bench" / "peers" / "floor_plugin.py")
 
-    def ours(daemon: str, host: Path) -> Callable[[KubeletStandIn, Path], list[str]]:
-        return lambda s, run: [console_script(daemon), "serve", "--host-root", str(host), *s.daemon_flags(),
+    def ours(daemon: str, host: Path, tree: Path | None = None) -> Callable[[KubeletStandIn, Path], list[str]]:
+        return lambda s, run: [*daemon_argv(daemon, tree), "serve", "--host-root", str(host), *s.daemon_flags(),
                                "--metrics-port", str(free_port()), "--log-level", "WARNING"]
 
     def sample(s: KubeletStandIn, run: Path) -> list[str]:
@@ -103,7 +104,10 @@ def plugins(peers: Path, efa_host: Path, neuron_host: Path) -> list[Plugin]:
                   f"exec {shlex.quote(str(peers / 'sample-device-plugin'))}")
         return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
 
-    return [
+    base = [] if baseline is None else [
+        Plugin("efa-base", EFA, ours("efa-device-plugin", efa_host, baseline)),
+        Plugin("neuron-base", NEURON, ours("neuron-device-plugin", neuron_host, baseline))]
+    return [*base,
         Plugin("efa", EFA, ours("efa-device-plugin", efa_host)),
         Plugin("neuron", NEURON, ours("neuron-device-plugin", neuron_host)),
         Plugin("go-sample", "example.com/resource", sample, kubelet_root=lambda run: run / "var-lib" / "kubelet",
@@ -144,10 +148,13 @@ async def cpu_over(subjects: list[Plugin], seconds: float) -> dict[str, float]:
     return {p.name: cpu_seconds(p.proc.pid) - before[p.name] for p in subjects if p.proc}
 
 
-async def run(root: Path, peers: Path, table: Table, *, calls: int, starts: int, idle: float) -> None:
+async def run(root: Path, peers: Path, table: Table, *, calls: int, starts: int, idle: float,
+              versus: tuple[Path, Versus] | None = None) -> None:
+    """The device-plugin rows of ``table``; with ``versus`` (a baseline checkout and its table), ours against it too,
+    interleaved in the same rounds."""
     efa_fake: FakeHost = build_host(root / "efa-host", "p5.48xlarge")
     neuron_fake: FakeHost = build_host(root / "neuron-host", "trn2.48xlarge")
-    subjects = plugins(peers, efa_fake.root, neuron_fake.root)
+    subjects = plugins(peers, efa_fake.root, neuron_fake.root, versus[0] if versus else None)
     by = {p.name: p for p in subjects}
     try:
         for rep in range(starts):  # interleaved: one start of each, then the next round
@@ -173,12 +180,27 @@ async def run(root: Path, peers: Path, table: Table, *, calls: int, starts: int,
         neuron_health = await health_latency(
             by["neuron"], lambda i: neuron_fake.set_neuron_counter(i, "stats/hardware/mem_ecc_uncorrected/total", 1),
             None, 5, str)
+        if versus is not None:
+            efa_base = await health_latency(
+                by["efa-base"], lambda i: efa_fake.set_port_state(ibdevs[i], "DOWN"),
+                lambda i: efa_fake.set_port_state(ibdevs[i], "ACTIVE"), 5, lambda i: by["efa-base"].ids[i])
     finally:
         for p in subjects:
             with contextlib.suppress(Exception):
                 await p.stop()
 
     sample, gof, pyf = by["go-sample"], by["go-floor"], by["py-floor"]
+    if versus is not None:
+        vs = versus[1]
+        for name in ("efa", "neuron"):
+            new, old = by[name], by[f"{name}-base"]
+            vs.add(f"start->Register {name} p50", "ms", p50(new.starts) * 1e3, p50(old.starts) * 1e3)
+            vs.add(f"Allocate {name} p50", "ms", p50(new.alloc) * 1e3, p50(old.alloc) * 1e3)
+            vs.add(f"GetPreferredAllocation {name} p50", "ms", p50(new.pref) * 1e3, p50(old.pref) * 1e3)
+            vs.add(f"idle CPU {name}", f"s/{idle:.0f}s", idle_cpu[name], idle_cpu[f"{name}-base"])
+            vs.add(f"CPU with devices held {name}", f"s/{idle:.0f}s", held_cpu[name], held_cpu[f"{name}-base"])
+            vs.add(f"RSS {name}", "MiB", rss[name], rss[f"{name}-base"])
+        vs.add("health change->ListAndWatch efa (max of 5)", "ms", max(efa_health) * 1e3, max(efa_base) * 1e3)
     for name in ("efa", "neuron"):
         p = by[name]
         start_limit = 1.3 * p50(pyf.starts)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compare_common import Row, Table, console_script, cpu_seconds, free_port, p50, rss_mib
+from compare_common import Row, Table, Versus, cpu_seconds, daemon_argv, free_port, p50, rss_mib
 from lightkube import Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
@@ -168,27 +168,41 @@ async def stop(d: Driver) -> None:
         await d.standin.stop()
 
 
-async def run(root: Path, peers: Path, table: Table, *, iterations: int, idle: float) -> None:
+def neuron_argv(tree: Path | None, host: Path, node: str, run: Path, kubeconfig: Path, metrics_port: int,
+                prefix: list[str]) -> list[str]:
+    """Our Neuron DRA driver (this checkout's, or a baseline ``tree``'s) for ``node``, under ``run``."""
+    kubelet = run / "kubelet"
+    return [*prefix, *daemon_argv("neuron-dra-driver", tree), "serve", "--host-root", str(host), "--node-name", node,
+            "--kubelet-root", str(kubelet), "--device-plugins-dir", str(kubelet / "device-plugins"),
+            "--cdi-root", str(run / "cdi"), "--kubeconfig", str(kubeconfig), "--metrics-port", str(metrics_port),
+            "--healthcheck-port", "-1", "--log-level", "WARNING"]
+
+
+async def run(root: Path, peers: Path, table: Table, *, iterations: int, idle: float,
+              versus: tuple[Path, Versus] | None = None) -> None:
+    """The DRA rows of ``table``; with ``versus`` (a baseline checkout and its table), our driver as of that
+    checkout too, interleaved in the same rounds."""
     with ControlPlane(root / "cp", with_controller_manager=False, with_scheduler=False) as cp:
         admin = Client(KubeConfig.from_file(cp.admin_kubeconfig))
         host = build_host(root / "neuron-host", "trn2.48xlarge")
         ours = Driver("neuron", "neuron.aws.com", "cmp-neuron", "neuron-device-{i}")
         metrics_port = free_port()
         go = Driver("go", "test-driver.cdi.k8s.io", "cmp-go", "device-{i:02d}")
-        k_ours, k_go = root / "neuron" / "kubelet", root / "go" / "kubelet"
+        k_go = root / "go" / "kubelet"
         profile = os.environ.get("BENCH_PROFILE")  # cProfile output file for our driver (to see where time goes)
         prefix = [sys.executable, "-m", "cProfile", "-o", profile] if profile else []
-        ours.argv = [*prefix, console_script("neuron-dra-driver"), "serve", "--host-root", str(host.root),
-                     "--node-name", ours.node, "--kubelet-root", str(k_ours),
-                     "--device-plugins-dir", str(k_ours / "device-plugins"), "--cdi-root", str(root / "neuron" / "cdi"),
-                     "--kubeconfig", str(cp.admin_kubeconfig), "--metrics-port", str(metrics_port),
-                     "--healthcheck-port", "-1", "--log-level", "WARNING"]
+        ours.argv = neuron_argv(None, host.root, ours.node, root / "neuron", cp.admin_kubeconfig, metrics_port, prefix)
         go.argv = [str(peers / "dra-test-driver"), "--kubeconfig", str(cp.admin_kubeconfig),
                    "--kube-api-qps", "1000", "--kube-api-burst", "1000", "-v", "0", "kubelet-plugin",
                    "--node-name", go.node, "--plugin-registration-path", str(k_go / "plugins_registry"),
                    "--datadir", str(k_go / "plugins"), "--cdi-dir", str(root / "go" / "cdi"),
                    "--num-devices", "16"]
-        drivers = (ours, go)
+        drivers: tuple[Driver, ...] = (ours, go)
+        if versus is not None:
+            base = Driver("neuron-base", "neuron.aws.com", "cmp-neuron-base", "neuron-device-{i}")
+            base.argv = neuron_argv(versus[0], host.root, base.node, root / base.name, cp.admin_kubeconfig,
+                                    free_port(), [])
+            drivers = (ours, go, base)
         (k_go / "plugins" / go.driver).mkdir(parents=True)  # it creates only the parent of its data directory
         try:
             for d in drivers:
@@ -223,6 +237,15 @@ async def run(root: Path, peers: Path, table: Table, *, iterations: int, idle: f
                     await stop(d)
             admin.close()
         del host
+    if versus is not None:
+        old, vs = drivers[2], versus[1]
+        vs.add("DRA prepare 1 claim p50", "ms", p50(ours.one) * 1e3, p50(old.one) * 1e3)
+        vs.add(f"DRA prepare batch of {BATCH} p50", "ms", p50(ours.batch) * 1e3, p50(old.batch) * 1e3)
+        vs.add(f"DRA prepare 1 claim after {IDLE_BEFORE_PREPARE:.0f} s idle p50", "ms", p50(ours.after_idle) * 1e3,
+               p50(old.after_idle) * 1e3)
+        vs.add("DRA start->slices published", "ms", ours.start_to_slices * 1e3, old.start_to_slices * 1e3)
+        vs.add("idle CPU DRA driver", f"s/{idle:.0f}s", idle_cpu["neuron"], idle_cpu[old.name])
+        vs.add("RSS DRA driver", "MiB", rss["neuron"], rss[old.name])
     for figure, a, b, limit in (("DRA prepare 1 claim p50", p50(ours.one), p50(go.one), 1.5),
                                 (f"DRA prepare batch of {BATCH} p50", p50(ours.batch), p50(go.batch), 1.5)):
         table.add(Row(figure, "ms", a * 1e3, b * 1e3, target=f"<={limit}x Go", met=a <= limit * b,

@@ -1,7 +1,7 @@
 """Slice shapes for :mod:`bench_fleet_sim`: the ResourceSlices our drivers publish for a node, and variants of them.
 
 The devices come from the drivers' own code (the profile's ``scan`` of a fake host tree of the instance type, then
-:func:`accel_core.dra.slices.build_slices`), i.e. what ``neuron-dra-driver slices`` / ``efa-dra-driver slices``
+:func:`accel_core.dra.publisher.build_slices`), i.e. what ``neuron-dra-driver slices`` / ``efa-dra-driver slices``
 print. A *shape* rewrites each device of those slices: ``ours`` leaves them alone, ``minimal`` keeps only the
 attributes the workloads' selectors and constraints read, and the ``no-*`` shapes drop one part of ours each.
 """
@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accel_core.dra.devices import CounterSet, SliceDevice
 from accel_core.dra.profile import DraProfile
+from accel_core.dra.publisher import build_slices
 from accel_core.dra.service import dra_driver_version
-from accel_core.dra.slices import CounterSet, SliceDevice, build_slices
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile

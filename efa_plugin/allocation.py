@@ -172,10 +172,3 @@ def _charge(cost: Cost, node: _Group, k: int, n_free: int) -> Cost:
     if n_free == len(node.members) and k < n_free:
         cost += _WEIGHTS[LEVELS + rank]  # a whole group broken
     return cost + _WEIGHTS[2 * LEVELS + rank] * (n_free - k)  # free devices left behind in a touched group
-
-
-def first_fit(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-    """The baseline the benchmark compares against: must_include, then the lowest IDs."""
-    out = list(dict.fromkeys(must_include))
-    out += [a for a in sorted(available) if a not in out]
-    return out[: max(size, len(must_include))]

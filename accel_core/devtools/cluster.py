@@ -20,22 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from accel_core.devtools.containerdnode import FAKECRI_RUNTIME, RUNTIMES
-from accel_core.devtools.controlplane import (
-    APISERVER,
-    ClusterRecord,
-    ControlPlane,
-    ControlPlaneError,
-    Pki,
-    recorded_process,
-    stop_recorded,
-)
+from accel_core.devtools.controlplane import APISERVER, ControlPlane, stop_recorded
+from accel_core.devtools.controlplane_errors import ControlPlaneError
+from accel_core.devtools.controlplane_pki import Pki
+from accel_core.devtools.controlplane_processes import ClusterRecord, recorded_process
 from accel_core.devtools.kubeletnode import (
     KubeletNode,
     NodeLayout,
@@ -45,9 +39,9 @@ from accel_core.devtools.kubeletnode import (
     stop_recorded_node,
 )
 from accel_core.devtools.kubeversions import kube_bin_dir
+from accel_core.k8snames import is_label
 
 NODES_DIR = "nodes"
-_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 
 
 def default_state_dir() -> Path:
@@ -61,7 +55,7 @@ def _node_spec(text: str) -> tuple[str, str]:
     name, sep, itype = text.partition("=")
     if not sep or not itype:
         raise argparse.ArgumentTypeError(f"--node wants NAME=INSTANCE_TYPE, e.g. n1=p5.48xlarge; got {text!r}")
-    if not _NODE_NAME.match(name):
+    if not is_label(name, most=32):
         raise argparse.ArgumentTypeError(f"node name {name!r}: lower-case letters, digits and '-', at most 32")
     return name, itype
 

@@ -36,7 +36,9 @@ from pathlib import Path
 
 import psutil
 
-from accel_core.devtools.controlplane import SERVICE_IP, ControlPlaneError, spawn_logged, tail_file, terminate_processes
+from accel_core.devtools.controlplane_errors import ControlPlaneError
+from accel_core.devtools.controlplane_pki import SERVICE_IP
+from accel_core.devtools.controlplane_processes import spawn_logged, tail_file, terminate_processes
 from accel_core.devtools.kubeversions import cache_root, repo_root
 from accel_core.hostfiles import HostValueError, parse_int, read_attr
 

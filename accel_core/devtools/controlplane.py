@@ -1,9 +1,10 @@
 """Run the real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) on
 127.0.0.1 for tests and for people.
 
-Everything lives in one state directory: ``pki/`` (certificates made with ``cryptography``, see ``certs``),
-``etcd/`` (data), ``logs/<component>.log``, the admin kubeconfig and ``cluster.json`` (ports and PIDs, read by
-``accel-cluster down``/``status``). Binaries come from ``scripts/build-kube.sh`` (see ``kubeversions``).
+This module is the orchestration: start order, ports, command lines, readiness, stop, and the admin API helpers.
+Everything lives in one state directory: ``pki/`` (certificates and kubeconfigs: ``controlplane_pki``), ``etcd/``
+(data), ``logs/<component>.log``, the admin kubeconfig and ``cluster.json`` (ports and PIDs, read by ``accel-cluster
+down``/``status``: ``controlplane_processes``). Binaries come from ``scripts/build-kube.sh`` (see ``kubeversions``).
 
 Typical use::
 
@@ -15,7 +16,6 @@ Typical use::
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import http.client
 import json
@@ -25,18 +25,15 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import httpx2
-import psutil
-import yaml
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.config.models import Cluster, User
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
@@ -44,7 +41,23 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, NodeStatus, Pod, ServiceAccountToken
 from lightkube.types import PatchType
 
-from accel_core.devtools import certs
+from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError, MissingBinariesError
+from accel_core.devtools.controlplane_pki import (
+    ADMIN_USER,
+    SERVICE_CIDR,
+    Pki,
+    cert_user,
+    generate_pki,
+    write_kubeconfig,
+)
+from accel_core.devtools.controlplane_processes import (
+    ClusterRecord,
+    ProcessRecord,
+    recorded_process,
+    spawn_logged,
+    tail_file,
+    terminate_processes,
+)
 from accel_core.devtools.kubeversions import KUBE_BINARIES, build_script, kube_bin_dir
 
 ETCD = "etcd"
@@ -54,8 +67,6 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 #: Start order; ``stop`` goes the other way.
 COMPONENTS = (ETCD, APISERVER, SCHEDULER, CONTROLLER_MANAGER)
 
-SERVICE_CIDR = "10.0.0.0/24"
-SERVICE_IP = "10.0.0.1"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 #: Feature gates passed to all three kube components. None are needed with v1.37: DynamicResourceAllocation,
 #: DRADeviceTaints, DRADeviceTaintRules, DRAPrioritizedList and ServiceAccountTokenNodeBinding/PodNodeInfo are
@@ -67,275 +78,13 @@ DEFAULT_RUNTIME_CONFIG: tuple[str, ...] = ()
 #: Controllers left out of kube-controller-manager. Without a kubelet, node-lifecycle would mark every
 #: fake Node NotReady and taint it, and the scheduler would then refuse it.
 DISABLED_CONTROLLERS: tuple[str, ...] = ("node-lifecycle-controller",)
-STATE_FILE = "cluster.json"
-ADMIN_USER = "accel-admin"
 
 _PORT_CLASH = "address already in use"
 _STOP_STAGES: tuple[tuple[str, ...], ...] = ((CONTROLLER_MANAGER, SCHEDULER), (APISERVER,), (ETCD,))
 
 
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be started, queried or stopped; the message says why."""
-
-
-class MissingBinariesError(ControlPlaneError):
-    """A needed binary is not in the binaries directory."""
-
-
-class ApiRequestError(ControlPlaneError):
-    """The API server answered a request with an error status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class _PortClash(Exception):
     """A component exited because one of its ports was taken meanwhile."""
-
-
-# --------------------------------------------------------------------------------------------------------
-# Certificates
-
-
-_SERVER_SANS = (
-    "IP:127.0.0.1",
-    f"IP:{SERVICE_IP}",
-    "DNS:localhost",
-    "DNS:kubernetes",
-    "DNS:kubernetes.default",
-    "DNS:kubernetes.default.svc",
-    "DNS:kubernetes.default.svc.cluster.local",
-)
-
-#: Client identities: file stem -> certificate subject. RBAC's bootstrap policy knows the two system users.
-_CLIENTS: Mapping[str, str] = {
-    "admin": f"/O=system:masters/CN={ADMIN_USER}",
-    "scheduler": "/CN=system:kube-scheduler",
-    "controller-manager": "/CN=system:kube-controller-manager",
-}
-
-
-@dataclass(frozen=True)
-class Pki:
-    """Paths of the certificates and keys in one ``pki/`` directory (EC P-256 keys, PEM)."""
-
-    dir: Path
-
-    @property
-    def ca_cert(self) -> Path:
-        return self.dir / "ca.crt"
-
-    @property
-    def ca_key(self) -> Path:
-        return self.dir / "ca.key"
-
-    @property
-    def apiserver_cert(self) -> Path:
-        return self.dir / "apiserver.crt"
-
-    @property
-    def apiserver_key(self) -> Path:
-        return self.dir / "apiserver.key"
-
-    @property
-    def sa_key(self) -> Path:
-        """Service-account token signing key (private)."""
-        return self.dir / "sa.key"
-
-    @property
-    def sa_pub(self) -> Path:
-        """Service-account token verification key (public)."""
-        return self.dir / "sa.pub"
-
-    def client(self, who: str) -> tuple[Path, Path]:
-        """(certificate, key) of a client identity: ``admin``, ``scheduler`` or ``controller-manager``."""
-        if who not in _CLIENTS:
-            raise KeyError(f"unknown client identity {who!r}; known: {', '.join(_CLIENTS)}")
-        return self.dir / f"{who}.crt", self.dir / f"{who}.key"
-
-    def files(self) -> list[Path]:
-        paths = [self.ca_cert, self.ca_key, self.apiserver_cert, self.apiserver_key, self.sa_key, self.sa_pub]
-        for who in _CLIENTS:
-            paths.extend(self.client(who))
-        return paths
-
-    def complete(self) -> bool:
-        return all(p.is_file() for p in self.files())
-
-
-def issue_client_cert(pki: Pki, out_dir: Path, stem: str, subject: str, *, days: int = 30) -> tuple[Path, Path]:
-    """A client certificate for ``subject`` (e.g. ``/O=system:nodes/CN=system:node:n1``) signed by the cluster CA,
-    written as ``<stem>.crt``/``<stem>.key`` in ``out_dir``; returns (certificate, key)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".cert-", dir=out_dir))
-    try:
-        certs.issue(pki.ca_cert, pki.ca_key, work / f"{stem}.crt", work / f"{stem}.key", subject, days=days)
-        for suffix in (".crt", ".key"):
-            (work / f"{stem}{suffix}").replace(out_dir / f"{stem}{suffix}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return out_dir / f"{stem}.crt", out_dir / f"{stem}.key"
-
-
-def generate_pki(pki_dir: Path, *, days: int = 30) -> Pki:
-    """Make a CA, the API server's serving certificate (127.0.0.1/localhost/kubernetes.* SANs), client
-    certificates (admin in ``system:masters``, kube-scheduler, kube-controller-manager) and the
-    service-account key pair in ``pki_dir`` (which must not exist yet; it appears complete or not at all)."""
-    if pki_dir.exists():
-        raise ControlPlaneError(f"{pki_dir} already exists; refusing to overwrite certificates")
-    pki_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".pki-", dir=pki_dir.parent))
-    try:
-        tmp = Pki(work)
-        certs.make_ca(tmp.ca_cert, tmp.ca_key, "/CN=accel-test-ca", days=days)
-        certs.issue(tmp.ca_cert, tmp.ca_key, tmp.apiserver_cert, tmp.apiserver_key, "/CN=kube-apiserver",
-                    days=days, server_sans=_SERVER_SANS)
-        for who, subject in _CLIENTS.items():
-            cert, key = tmp.client(who)
-            certs.issue(tmp.ca_cert, tmp.ca_key, cert, key, subject, days=days)
-        certs.write_public_key(certs.new_key(tmp.sa_key), tmp.sa_pub)
-        work.rename(pki_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return Pki(pki_dir)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Kubeconfigs
-
-
-def write_kubeconfig(path: Path, server: str, ca_cert: Path, user_name: str, user: Mapping[str, str]) -> Path:
-    """Write a one-context kubeconfig (mode 0600) for ``user`` (client-certificate/-key paths or a token)."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "accel", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}],
-        "users": [{"name": user_name, "user": dict(user)}],
-        "contexts": [{"name": user_name, "context": {"cluster": "accel", "user": user_name, "namespace": "default"}}],
-        "current-context": user_name,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
-    tmp.replace(path)
-    return path
-
-
-def _cert_user(cert: Path, key: Path) -> dict[str, str]:
-    return {"client-certificate": str(cert), "client-key": str(key)}
-
-
-# --------------------------------------------------------------------------------------------------------
-# Processes and the state record
-
-
-@dataclass(frozen=True)
-class ProcessRecord:
-    """One running component as written to ``cluster.json``."""
-
-    name: str
-    pid: int
-    #: The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22): unlike psutil's
-    #: ``create_time``, which is derived from the wall clock, it does not move when the clock is stepped.
-    start_ticks: int
-    log: str
-    ports: tuple[int, ...]
-
-    @classmethod
-    def of(cls, name: str, pid: int, log: str, ports: tuple[int, ...] = ()) -> ProcessRecord | None:
-        """A record of the running process ``pid``, or None when it is gone."""
-        ticks = process_start_ticks(pid)
-        return None if ticks is None else cls(name, pid, ticks, log, ports)
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> ProcessRecord:
-        """Parse one record; a record of an older version (``create_time``, wall clock) names no live process."""
-        return cls(name=str(raw["name"]), pid=int(raw["pid"]), start_ticks=int(raw.get("start_ticks", -1)),
-                   log=str(raw["log"]), ports=tuple(int(x) for x in raw.get("ports", ())))
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/PID/stat`` (start time in clock ticks after boot), or None when the process is gone.
-    The command name (field 2) is in parentheses and may hold spaces or parentheses: split after the last ``)``."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    try:
-        return int(fields[19])  # fields[0] is field 3 (state)
-    except (IndexError, ValueError):
-        return None
-
-
-@dataclass(frozen=True)
-class ClusterRecord:
-    """``cluster.json``: what ``accel-cluster`` needs to find a running control plane again."""
-
-    server: str
-    admin_kubeconfig: str
-    ca_cert: str
-    processes: tuple[ProcessRecord, ...] = ()
-    ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-
-    def save(self, state_dir: Path) -> None:
-        tmp = state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(state_dir / STATE_FILE)
-
-    @classmethod
-    def load(cls, state_dir: Path) -> ClusterRecord | None:
-        """The record in ``state_dir``, or None when there is none; a damaged file is an error naming it."""
-        path = state_dir / STATE_FILE
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ControlPlaneError(f"cannot read {path}: {e}") from e
-        try:
-            procs = tuple(ProcessRecord.from_json(p) for p in raw.get("processes", []))
-            ports = {str(k): tuple(int(x) for x in v) for k, v in raw.get("ports", {}).items()}
-            return cls(
-                server=str(raw["server"]),
-                admin_kubeconfig=str(raw["admin_kubeconfig"]),
-                ca_cert=str(raw["ca_cert"]),
-                processes=procs,
-                ports=ports,
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ControlPlaneError(f"{path} is damaged ({e!r}); remove it and start again") from e
-
-
-def recorded_process(rec: ProcessRecord) -> psutil.Process | None:
-    """The live process a record names, or None if it is gone (or its PID now belongs to another process: its
-    start time in clock ticks differs, which a step of the wall clock cannot cause)."""
-    try:
-        proc = psutil.Process(rec.pid)
-        if process_start_ticks(rec.pid) != rec.start_ticks or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def terminate_processes(procs: Sequence[psutil.Process], timeout: float) -> None:
-    """SIGTERM each process, wait up to ``timeout`` seconds, then SIGKILL and reap what is left."""
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, alive = psutil.wait_procs(list(procs), timeout=timeout)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    # a killed process still in an fsync (etcd on a busy disk) exits only when the write returns
-    _, stuck = psutil.wait_procs(alive, timeout=30)
-    for p in stuck:
-        print(f"process {p.pid} still running 30 s after SIGKILL", file=sys.stderr)
 
 
 def stop_recorded(state_dir: Path, timeout: float = 15.0) -> list[str]:
@@ -357,53 +106,6 @@ def stop_recorded(state_dir: Path, timeout: float = 15.0) -> list[str]:
         terminate_processes(live, timeout)
     ClusterRecord(record.server, record.admin_kubeconfig, record.ca_cert, (), record.ports).save(state_dir)
     return stopped
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: ask the kernel to SIGKILL it when the parent dies
-    (no one is left to wait for a graceful stop, and the API server can hang once etcd is gone)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-
-
-def spawn_logged(cmd: Sequence[str], log_path: Path, *, cwd: Path, detach: bool) -> tuple[subprocess.Popen[bytes], int]:
-    """Start ``cmd`` in its own session with stdout/stderr appended to ``log_path`` (after a header line); returns
-    the process and the log offset where its output starts. Without ``detach`` the child dies with its parent."""
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        offset = log.tell()
-        log.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(cmd)}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(
-            list(cmd),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            preexec_fn=None if detach else _die_with_parent,
-        )
-    return proc, offset
-
-
-def tail_file(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of a (log) file, or a note that it cannot be read."""
-    return _tail(path, lines)
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 256 * 1024))
-            data = f.read()
-    except OSError as e:
-        return f"(cannot read {path}: {e})"
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
 @dataclass
@@ -648,7 +350,7 @@ class ControlPlane:
         for name in components:
             path = self.log_dir / f"{name}.log"
             if path.exists():
-                parts.append(f"==> {path} <==\n{_tail(path, lines)}")
+                parts.append(f"==> {path} <==\n{tail_file(path, lines)}")
         return "\n\n".join(parts) if parts else f"(no logs in {self.log_dir})"
 
     # ---- API helpers
@@ -826,7 +528,7 @@ class ControlPlane:
             if time.monotonic() > deadline:
                 raise ControlPlaneError(
                     f"{comp.name} was not ready within {self._startup_timeout:.0f}s (log {comp.log_path}):\n"
-                    + _tail(comp.log_path, 40)
+                    + tail_file(comp.log_path, 40)
                 )
             time.sleep(0.2)
 
@@ -843,12 +545,12 @@ class ControlPlane:
 
     def _write_kubeconfigs(self) -> None:
         write_kubeconfig(
-            self.admin_kubeconfig, self.server, self.ca_cert, ADMIN_USER, _cert_user(*self.pki.client("admin"))
+            self.admin_kubeconfig, self.server, self.ca_cert, ADMIN_USER, cert_user(*self.pki.client("admin"))
         )
         for who in ("scheduler", "controller-manager"):
             write_kubeconfig(
                 self._state_dir / f"{who}.kubeconfig", self.server, self.ca_cert, f"system:kube-{who}",
-                _cert_user(*self.pki.client(who)),
+                cert_user(*self.pki.client(who)),
             )  # fmt: skip
 
     # ---- internals: command lines

@@ -21,11 +21,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.devtools.polling import until
 from accel_core.fakehost import build_host
 
 BIN = Path(sys.executable).parent
@@ -239,12 +240,13 @@ async def cluster_section(work: Path) -> None:
                     return (status.allocatable or {}).get(resource) if status else None
 
                 t0 = time.perf_counter()
-                await _poll(lambda: allocatable("p5-node", "vpc.amazonaws.com/efa") == "32", "EFA allocatable")
-                await _poll(lambda: allocatable("trn2-dp-node", "aws.amazon.com/neuron") == "16", "neuron allocatable")
+                await until(lambda: allocatable("p5-node", "vpc.amazonaws.com/efa") == "32", "EFA allocatable", 60, 0.3)
+                await until(lambda: allocatable("trn2-dp-node", "aws.amazon.com/neuron") == "16",
+                            "neuron allocatable", 60, 0.3)
                 print(f"  Node allocatable after the plugins registered ({time.perf_counter() - t0:.1f}s): "
                       "p5-node vpc.amazonaws.com/efa=32; trn2-dp-node aws.amazon.com/neuron=16, neuroncore="
                       f"{allocatable('trn2-dp-node', 'aws.amazon.com/neuroncore')}")
-                await _poll(lambda: _default_sa(client), "the default ServiceAccount")
+                await until(lambda: _default_sa(client), "the default ServiceAccount", 60, 0.3)
                 client.create(codecs.from_dict(_pod("efa-pod", "p5-node", {"vpc.amazonaws.com/efa": "4"})))
                 client.create(codecs.from_dict(_pod("neuron-pod", "trn2-dp-node", {"aws.amazon.com/neuron": "4"})))
                 docs = list(codecs.load_all_yaml(DEVICE_CLASS + "---\n" + EXAMPLE.read_text()))
@@ -261,7 +263,7 @@ async def cluster_section(work: Path) -> None:
                     def running(p: str = pod) -> bool:
                         return _running(client.get(Pod, p, namespace="default"))
 
-                    await _poll(running, f"{pod} Running", timeout=180)
+                    await until(running, f"{pod} Running", 180, 0.3)
                     (ctr,) = nodes[node].containers(pod, "default")
                     print(f"\n  pod {pod} Running on {node} after {time.perf_counter() - t0:.1f}s; its container got:")
                     if ctr.devices:
@@ -326,7 +328,7 @@ async def containerd_section(work: Path) -> None:
                 st = client.get(DaemonSet, "aws-efa-k8s-device-plugin-daemonset", namespace="kube-system").status
                 return st.to_dict() if st and st.numberReady == 1 and st.numberAvailable == 1 else None
 
-            st = await _poll(ds_ready, "the EFA DaemonSet Ready", timeout=180)
+            st = await until(ds_ready, "the EFA DaemonSet Ready", 180, 0.3)
             print(f"  $ kubectl get ds -n kube-system   (Ready {time.perf_counter() - t0:.1f}s after helm install)")
             print("  NAME                                  DESIRED CURRENT READY UP-TO-DATE AVAILABLE")
             print(f"  aws-efa-k8s-device-plugin-daemonset   {st['desiredNumberScheduled']:<7} "
@@ -338,8 +340,8 @@ async def containerd_section(work: Path) -> None:
                 value = (status.allocatable or {}).get("vpc.amazonaws.com/efa") if status else None
                 return value if value and value != "0" else None
 
-            print(f"  Node allocatable vpc.amazonaws.com/efa: {await _poll(efa, 'EFA allocatable')}")
-            await _poll(lambda: _default_sa(client), "the default ServiceAccount")
+            print(f"  Node allocatable vpc.amazonaws.com/efa: {await until(efa, 'EFA allocatable', 60, 0.3)}")
+            await until(lambda: _default_sa(client), "the default ServiceAccount", 60, 0.3)
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "efa-workload", "namespace": "default"},
                    "spec": {"nodeName": "p5-containerd", "terminationGracePeriodSeconds": 1, "containers": [
                        {"name": "app", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
@@ -347,7 +349,7 @@ async def containerd_section(work: Path) -> None:
                         "resources": {"limits": {"vpc.amazonaws.com/efa": "4"}}}]}}
             t0 = time.perf_counter()
             client.create(codecs.from_dict(pod))
-            out = await _poll(lambda: kn.pod_log("default", "efa-workload", "app"), "the workload's output", 180)
+            out = await until(lambda: kn.pod_log("default", "efa-workload", "app"), "the workload's output", 180, 0.3)
             print(f"  pod efa-workload (vpc.amazonaws.com/efa: 4) ran in {time.perf_counter() - t0:.1f}s; its container"
                   " printed `ls -l /dev/infiniband`:")
             for line in out.splitlines():
@@ -369,16 +371,6 @@ def _default_sa(client: Any) -> bool:
         return bool(client.get(ServiceAccount, "default", namespace="default"))
     except ApiError:
         return False
-
-
-async def _poll(check: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.3)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 async def main_async(work: Path, with_cluster: bool) -> None:

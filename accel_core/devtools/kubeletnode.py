@@ -31,7 +31,7 @@ import socket
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,21 +43,18 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from accel_core.devtools.containerdnode import ContainerdRuntime, RuntimeBinaries, stop_namespace
-from accel_core.devtools.controlplane import (
-    AdminApi,
-    ApiRequestError,
-    ControlPlaneError,
-    Pki,
+from accel_core.devtools.controlplane import AdminApi
+from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
+from accel_core.devtools.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
+from accel_core.devtools.controlplane_processes import (
     ProcessRecord,
-    issue_client_cert,
     recorded_process,
     spawn_logged,
     tail_file,
     terminate_processes,
-    write_kubeconfig,
 )
-from accel_core.dra.names import is_label, is_subdomain, shown
 from accel_core.hostfiles import parse_index
+from accel_core.k8snames import is_label, is_subdomain, shown
 
 KUBELET = "kubelet"
 FAKECRI = "fakecri"
@@ -681,14 +678,3 @@ def pod_log_lines(pod_logs: Path, namespace: str, pod: str, container: str) -> l
                     if len(parts) == 4:
                         out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
     return out
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.25) -> Any:
-    """Poll ``check`` until it returns something truthy; raise ControlPlaneError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}")

@@ -2,7 +2,7 @@
 
 The kubelet names a claim by namespace, name and UID. The claim is read fresh (never from a cache), and it must
 still be the same object (same UID) and be allocated. Only results for this driver in this node's pool count.
-Names are checked (:mod:`accel_core.dra.names`) before a request is made; only checked names go into the request
+Names are checked (:mod:`accel_core.k8snames`) before a request is made; only checked names go into the request
 path (built by :mod:`accel_core.dra.claimget` or by lightkube). Either way the answer is decoded into lightkube's
 typed ``ResourceClaim``, and a body of the wrong shape (a list where an object belongs, a number for a name, a
 missing required field) is a ClaimError naming the bad field, like every other problem with the claim.
@@ -22,8 +22,8 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.config import OpaqueEntry
-from accel_core.dra.names import is_label, is_request_name, object_name_problem, shown
 from accel_core.dra.types import ClaimError, ClaimRef
+from accel_core.k8snames import claim_ref_problem, is_label, is_request_name, object_name_problem, shown
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ class ApiClaimReader:
             return self.direct.get(namespace, name)
         finally:
             self.last_seconds = time.perf_counter() - start
+
+
+def check_claim_ref(ref: ClaimRef) -> None:
+    """ClaimError for a reference that cannot name a ResourceClaim."""
+    problem = claim_ref_problem(ref.namespace, ref.name, ref.uid)
+    if problem:
+        raise ClaimError(f"invalid claim reference: {problem}")
 
 
 def _check_names(namespace: str, name: str) -> None:

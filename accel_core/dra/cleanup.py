@@ -24,10 +24,10 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.claims import ClaimReader
 from accel_core.dra.metrics import DriverMetrics
-from accel_core.dra.names import object_name_problem
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, PreparedDevice
+from accel_core.k8snames import object_name_problem
 from accel_core.logs import kv
 from accel_core.watch import STOP, wake
 

@@ -51,6 +51,7 @@ from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.plugin import instance_lock_path
 from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
+from accel_core.dra.publisher import SlicePublisher, build_slices
 from accel_core.dra.service import (
     DEFAULT_HEALTH_POLL_INTERVAL,
     DEFAULT_HEALTHCHECK_PORT,
@@ -58,7 +59,6 @@ from accel_core.dra.service import (
     DraService,
     dra_driver_version,
 )
-from accel_core.dra.slices import SlicePublisher, build_slices
 from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.kubeconfig import setting as kubeconfig_setting

@@ -6,26 +6,31 @@ applies to a request when it lists no requests or lists the request (or its pare
 Every entry for the driver is decoded, applicable or not, so a bad config fails the claim (strict).
 
 A driver's config type is a frozen dataclass whose fields default to None ("not set"); overriding keeps the fields
-the later config leaves unset. The driver profile decodes one entry's parameters; the helpers here do the checks
-every decoder makes: the parameters are a JSON object (a string holding JSON is refused), the apiVersion and kind
-are the driver's, and there is no unknown field. Errors stay short whatever the input (a few field names, each
-cut to 40 characters, and a count of the rest).
+the later config leaves unset. The driver profile decodes one entry's parameters with :func:`decode_struct`: its
+kinds are msgspec Structs tagged by ``kind``, with an ``apiVersion`` Literal and ``Literal`` value sets, decoded
+strictly (the parameters must be a JSON object, not a string holding JSON; no unknown field, no type coercion).
+msgspec's error becomes one short line naming the config's place and the field; names and values are cut to 40
+characters whatever the input.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgspec
 from lightkube.models.resource_v1 import DeviceAllocationConfiguration
 
 ConfigT = TypeVar("ConfigT")
+StructT = TypeVar("StructT", bound=msgspec.Struct)
 
 
-MAX_SHOWN = 5
-"""Unknown field names an error lists before it says how many more there are."""
+MAX_SHOWN = 40
+"""Characters of a field name or value an error quotes."""
 
 
 class ConfigError(ValueError):
@@ -54,46 +59,93 @@ class OpaqueEntry:
         return request in self.requests or base in self.requests
 
 
-def parameters_object(raw: Any, where: str) -> Mapping[str, Any]:
-    """The parameters, which must be a JSON object (never text to parse: that is not what the API server stores)."""
+_MSGSPEC_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_QUOTED = re.compile(r"`([^`]*)`")
+_JSON_TYPES = {"str": "a string", "bytes": "a string", "array": "an array", "null": "null", "int": "a number",
+               "float": "a number", "bool": "a boolean"}
+
+
+def decode_struct(raw: Any, where: str, kinds: Sequence[type[StructT]]) -> StructT:
+    """``raw`` decoded strictly as one of ``kinds`` (Structs tagged by ``kind``, each with an ``apiVersion``
+    Literal), or ConfigError: ``<where>: <field> ...``, one short line."""
+    target: Any = typing.Union[tuple(kinds)]  # noqa: UP007 (a Union built at run time)
+    try:
+        result: StructT = msgspec.convert(raw, target, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{where}: {_explain(str(exc), raw, kinds)}") from None
+    except ValueError:  # msgspec could not even print a value (an int of more than 4300 digits)
+        huge = [k for k, v in raw.items() if _huge(v)] if isinstance(raw, Mapping) else []
+        message = f"Invalid value - at `$.{huge[0]}`" if huge else "Invalid value"
+        raise ConfigError(f"{where}: {_explain(message, raw, kinds)}") from None
+    return result
+
+
+def _explain(message: str, raw: Any, kinds: Sequence[type[msgspec.Struct]]) -> str:
+    """msgspec's validation message in the config's own words (field, allowed values, what it got)."""
+    match = _MSGSPEC_ERROR.match(message)
+    what, path = (match["what"], match["path"] or "") if match else (message, "")
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: parameters must be an object, got {_json_type(raw)}")
-    return raw
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str | bytes | bytearray):
-        return "a string"
-    if isinstance(value, list | tuple):
-        return "an array"
-    return type(value).__name__
-
-
-def check_fields(raw: Mapping[str, Any], where: str, known: Sequence[str]) -> None:
-    """ConfigError naming the unknown fields, if any: the first few, each cut short, and how many more."""
-    unknown = [k for k in raw if k not in known]
+        sent = re.search(r"got `(\w+)`", what)
+        return f"parameters must be an object, got {_JSON_TYPES.get(sent[1], sent[1]) if sent else 'something else'}"
+    missing = re.match(r"Object missing required field `([^`]*)`", what)
+    field = missing[1] if missing else path[1:] if path.startswith(".") and "." not in path[1:] else ""
+    tags = [k.__struct_config__.tag for k in kinds]
+    api_version = _allowed(kinds[0], "apiVersion")
+    if field == "kind":
+        use = " or ".join(repr(t) for t in tags)
+        return f"kind {_short(raw.get('kind'))} is not supported; use {use}"
+    if field == "apiVersion":
+        return f"apiVersion {_short(raw.get('apiVersion'))} is not supported; use {' or '.join(map(repr, api_version))}"
+    kind = next((k for k in kinds if k.__struct_config__.tag == raw.get("kind")), kinds[0])
+    unknown = re.match(r"Object contains unknown field `(.*)`$", what, re.DOTALL)
     if unknown:
-        first = sorted(str(k) for k in unknown[:200])[:MAX_SHOWN]
-        names = ", ".join(repr(k if len(k) <= 40 else k[:40] + "...") for k in first)
-        more = f" and {len(unknown) - len(first)} more" if len(unknown) > len(first) else ""
-        raise ConfigError(f"{where}: strict decoding error: unknown field {names}{more} "
-                          f"(known: {', '.join(known)})")
+        known = ", ".join(sorted(("kind", *kind.__struct_fields__)))
+        return f"strict decoding error: unknown field {_short(unknown[1])} (known: {known})"
+    allowed = _allowed(kind, field) if field else ()
+    if allowed:
+        values = " or ".join(map(str, allowed)) if len(allowed) == 2 else f"one of {', '.join(map(str, allowed))}"
+        note = _description(kind, field)
+        got = "nothing" if missing else _short(raw.get(field))
+        return f"{field} must be {values}{f' ({note})' if note else ''}, got {got}"
+    text = _QUOTED.sub(lambda m: _short(m[1]).strip("'"), what)
+    return f"{field}: {text}" if field else text
 
 
-def check_type(raw: Mapping[str, Any], where: str, api_version: str, kind: str, hint: str = "") -> None:
-    """ConfigError unless ``apiVersion`` and ``kind`` are the driver's."""
-    got = raw.get("apiVersion")
-    if got != api_version:
-        raise ConfigError(f"{where}: apiVersion {got!r} is not supported; use {api_version!r}")
-    got = raw.get("kind")
-    if got != kind:
-        raise ConfigError(f"{where}: kind {got!r} is not supported; use {kind!r}{hint}")
+def _hints(kind: type[msgspec.Struct], field: str) -> tuple[Any, ...]:
+    hint = typing.get_type_hints(kind, include_extras=True).get(field)
+    return (hint, *typing.get_args(hint)) if hint is not None else ()
+
+
+def _allowed(kind: type[msgspec.Struct], field: str) -> tuple[Any, ...]:
+    """The values a Literal field takes (through ``Annotated`` and ``| None``), else ()."""
+    for hint in _hints(kind, field):
+        for part in (hint, *typing.get_args(hint)):
+            if typing.get_origin(part) is typing.Literal:
+                return typing.get_args(part)
+    return ()
+
+
+def _description(kind: type[msgspec.Struct], field: str) -> str:
+    for hint in _hints(kind, field):
+        if isinstance(hint, msgspec.Meta) and hint.description:
+            return hint.description
+    return ""
+
+
+def _short(value: Any) -> str:
+    """``repr`` of a name or value, cut to MAX_SHOWN characters (a huge int is not even turned into digits)."""
+    if _huge(value):
+        return "a number too large"
+    if isinstance(value, str):
+        return repr(value if len(value) <= MAX_SHOWN else value[:MAX_SHOWN] + "...")
+    if isinstance(value, Mapping | list | tuple):
+        return "an object" if isinstance(value, Mapping) else "an array"
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
+
+
+def _huge(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128
 
 
 def override(base: ConfigT, later: ConfigT) -> ConfigT:

@@ -30,13 +30,13 @@ kubelet sends, an existing entry is removed once its spec is gone. A spec that c
 failing CDI directory) fails that claim and keeps its entry, so its devices stay held while a runtime could still
 use the spec, and the kubelet retries.
 
-A request with several claims (:meth:`DraDriver.prepare_batch`, :meth:`DraDriver.unprepare_batch`) does the same
+A request with several claims (:meth:`DraDriver.prepare_blocking`, :meth:`DraDriver.unprepare_blocking`) does the same
 steps claim by claim, but reads the claims from the API server at once and records them together: their CDI
 specs, then one journal record for all. Devices are checked against the claims planned earlier in the same
 request, too. Each phase's time is observed in ``<prefix>_prepare_phase_duration_seconds``.
 
 A request is worked on in one worker thread from start to end (:meth:`DraDriver.prepare_blocking`, called in
-the DRA server's thread; the async methods hop to a thread first): nothing that touches files (the device-plugin
+the DRA server's thread): nothing that touches files (the device-plugin
 guard, the checkpoint and CDI writes) runs on the event loop. Claims are read in that thread too when the reader
 can (``read_blocking``; several at once on a few more threads); a reader whose client belongs to the event loop
 (lightkube's) reads there. The plugin serializes calls, so one request at a time works on the checkpoint and the
@@ -57,10 +57,9 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.atomic import clean_stale_temp_files
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
-from accel_core.dra.claims import ClaimReader, allocated_for_node
+from accel_core.dra.claims import ClaimReader, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.metrics import DriverMetrics
-from accel_core.dra.names import check_claim_ref
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore
@@ -84,7 +83,8 @@ def cdi_vendor(driver: str) -> str:
 
 
 class DraDriver:
-    """Implements :class:`accel_core.dra.types.DraHandler` for one :class:`~accel_core.dra.profile.DraProfile`."""
+    """Implements :class:`accel_core.dra.types.DraHandler` (``DraHandler[Reads]``) for one
+    :class:`~accel_core.dra.profile.DraProfile`."""
 
     def __init__(
         self,
@@ -158,25 +158,6 @@ class DraDriver:
         return removed
 
     # -- prepare ---------------------------------------------------------------------------------------------------
-    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        try:
-            return await self._prepare(claim)
-        except ClaimError:
-            self.metrics.claim_errors.labels("prepare").inc()
-            raise
-
-    async def _prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        loop = asyncio.get_running_loop()
-        result = (await asyncio.to_thread(self._prepare_many, [claim], loop))[claim.uid]
-        if isinstance(result, Exception):
-            raise result
-        return result
-
-    async def prepare_batch(self, claims: Sequence[ClaimRef]) -> dict[str, list[PreparedDevice] | Exception]:
-        """Prepare the claims of one request; each UID maps to its devices or its error (ClaimError, or anything
-        unexpected for the caller to report as an internal error)."""
-        return await asyncio.to_thread(self.prepare_blocking, claims, asyncio.get_running_loop())
-
     def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop) -> Reads:
         """Read, before the plugin's locks, the claims a prepare will need from the API server: those not recorded
         as prepared, as far as this process knows (the locked part looks again, after taking in what another
@@ -202,8 +183,9 @@ class DraDriver:
 
     def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, *,
                          prefetched: Reads | None = None) -> dict[str, list[PreparedDevice] | Exception]:
-        """:meth:`prepare_batch` for a worker thread (the DRA server's): the whole request is worked on in the
-        calling thread; ``loop`` runs the reads of a reader that has no blocking read (lightkube's client).
+        """Prepare the claims of one request; each UID maps to its devices or its error (ClaimError, or anything
+        unexpected for the caller to report as an internal error). The whole request is worked on in the calling
+        thread (the DRA server's); ``loop`` runs the reads of a reader that has no blocking read (lightkube's client).
         ``prefetched``: the reads :meth:`prefetch_blocking` made before the locks (a claim missing there is read
         here)."""
         out = self._prepare_many(claims, loop, prefetched)
@@ -340,7 +322,8 @@ class DraDriver:
             self._observe_read(time.perf_counter() - start)
 
     def unprepare_blocking(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
-        """:meth:`unprepare_batch` for a worker thread."""
+        """Unprepare the claims of one request: their CDI specs, then one checkpoint write for all; each UID maps
+        to None or its error."""
         return self._unprepare(claims)
 
     def _record(self, plans: Sequence[PreparedClaim]) -> dict[str, PreparedClaim | ClaimError]:
@@ -445,16 +428,6 @@ class DraDriver:
         log.info("re-created missing CDI spec", extra=kv(claim=claim.describe()))
 
     # -- unprepare -------------------------------------------------------------------------------------------------
-    async def unprepare(self, claim: ClaimRef) -> None:
-        result = (await self.unprepare_batch([claim]))[claim.uid]
-        if result is not None:
-            raise result
-
-    async def unprepare_batch(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
-        """Unprepare the claims of one request: their CDI specs, then one checkpoint write for all; each UID maps
-        to None or its error."""
-        return await asyncio.to_thread(self._unprepare, claims)
-
     def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
         self.store.refresh()  # another process may have recorded (or removed) these claims meanwhile

@@ -11,14 +11,12 @@
   most :data:`MAX_HEALTH_STREAMS` streams are open at once (the kubelet keeps one): a new one ends the oldest, so
   streams, which hold a server thread each, never take the threads prepares need.
 
-The DRA socket is served by a synchronous gRPC server: each call runs in one of its threads, which takes the locks
-(waiting there, never on the event loop, while another pod holds the file lock) and, for a handler that offers
-``prepare_blocking``/``unprepare_blocking`` (:class:`~accel_core.dra.driver.DraDriver`), does the whole request in
-that thread: no hop to the event loop and back, which measured 0.3-0.5 ms per prepare. A handler that also offers
-``prefetch_blocking`` reads what a prepare needs from the network in that thread *before* the locks (the locks
-cover the checkpoint and the device plan only), so a slow API server holds up no other request. Other handlers run
-on the event loop as before. Registration stays on an asyncio server; the event loop keeps serving it, the liveness
-probe and the health stream's updates whatever the DRA calls are doing.
+The DRA socket is served by a synchronous gRPC server: each call runs in one of its threads, which does the whole
+request there through the handler's :class:`~accel_core.dra.types.DraHandler` calls: ``prefetch_blocking`` (the
+network reads, before the locks, so a slow API server holds up no other request), then the locks (waiting there,
+never on the event loop, while another pod holds the file lock) and ``prepare_blocking``/``unprepare_blocking``.
+No hop to the event loop and back (0.3-0.5 ms per prepare). Registration stays on an asyncio server; the event loop
+keeps serving it, the liveness probe and the health stream's updates whatever the DRA calls are doing.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -70,8 +68,6 @@ DRA_SERVER_THREADS = 8
 MAX_HEALTH_STREAMS = 3
 
 Results = dict[str, tuple[list[PreparedDevice], str]]
-#: A handler's whole-request call: claim UID -> its devices (``[]`` for unprepare) or its exception.
-Batch = Callable[[list[ClaimRef]], Awaitable[Mapping[str, Any]]]
 
 
 class DraMetrics:
@@ -182,14 +178,14 @@ class DraPlugin:
 
     def __init__(
         self,
-        handler: DraHandler,
+        handler: DraHandler[Any],
         paths: HostPaths,
         *,
         pod_uid: str | None = None,
         serve_health: bool = True,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.handler = handler
+        self.handler: DraHandler[Any] = handler
         self.driver = handler.driver_name
         suffix = f"-{pod_uid}" if pod_uid else ""
         self.data_dir = paths.plugins_data_dir / self.driver
@@ -270,75 +266,28 @@ class DraPlugin:
     # -- claims --------------------------------------------------------------------------------------------------
     def prepare_claims_blocking(self, claims: list[ClaimRef], loop: asyncio.AbstractEventLoop | None = None
                                 ) -> Results:
-        """:meth:`prepare_claims` from a DRA server thread: all of it in this thread when the handler can
-        (``loop``, by default the one the plugin started on, runs what must run there)."""
-        loop = loop or self._loop
-        work = getattr(self.handler, "prepare_blocking", None)
-        if work is None:
-            return self._on_loop(self.prepare_claims(claims))
-        prefetch = getattr(self.handler, "prefetch_blocking", None)
-        fetched: dict[str, Any] = {}
-        if prefetch is None:
-            return self._in_thread("prepare", claims, lambda refs: work(refs, loop))
-        # the network reads first, outside the locks; then the rest under them, with what was read
-        return self._in_thread("prepare", claims, lambda refs: work(refs, loop, prefetched=fetched),
-                               before=lambda refs: fetched.update(prefetch(refs, loop)))
+        """Prepare the claims of one request in this thread (a DRA server thread); each UID maps to (devices,
+        error). The handler's network reads come first, outside the locks, then the rest under them; ``loop`` (by
+        default the one the plugin started on) runs reads whose client belongs to it."""
+        run_on = loop or self._loop
+        assert run_on is not None, "start() first, or pass the loop"
+        fetched: Any = None
+
+        def prefetch(refs: list[ClaimRef]) -> None:
+            nonlocal fetched
+            fetched = self.handler.prefetch_blocking(refs, run_on)
+
+        return self._in_thread("prepare", claims,
+                               lambda refs: self.handler.prepare_blocking(refs, run_on, prefetched=fetched),
+                               before=prefetch)
 
     def unprepare_claims_blocking(self, claims: list[ClaimRef]) -> Results:
-        """:meth:`unprepare_claims` from a DRA server thread: all of it in this thread when the handler can."""
-        work = getattr(self.handler, "unprepare_blocking", None)
-        if work is None:
-            return self._on_loop(self.unprepare_claims(claims))
-        return self._in_thread("unprepare", claims, work)
-
-    async def prepare_claims(self, claims: list[ClaimRef]) -> Results:
-        """Prepare the claims of one request (together when the handler can, else one at a time); each UID maps to
-        (devices, error)."""
-        if getattr(self.handler, "prepare_blocking", None) is not None:
-            return await asyncio.to_thread(self.prepare_claims_blocking, claims, asyncio.get_running_loop())
-        return await self._batched("prepare", claims, getattr(self.handler, "prepare_batch", None),
-                                   self.handler.prepare)
+        """Unprepare the claims of one request in this thread (a DRA server thread)."""
+        return self._in_thread("unprepare", claims, self.handler.unprepare_blocking)
 
     async def unprepare_claims(self, claims: list[ClaimRef]) -> Results:
-        """Unprepare the claims of one request (together when the handler can, else one at a time)."""
-        if getattr(self.handler, "unprepare_blocking", None) is not None:
-            return await asyncio.to_thread(self.unprepare_claims_blocking, claims)
-
-        async def one(claim: ClaimRef) -> list[PreparedDevice]:
-            await self.handler.unprepare(claim)
-            return []
-
-        unprepare_batch = getattr(self.handler, "unprepare_batch", None)
-
-        async def batch(refs: list[ClaimRef]) -> Mapping[str, Any]:
-            assert unprepare_batch is not None
-            return {uid: [] if result is None else result for uid, result in (await unprepare_batch(refs)).items()}
-
-        return await self._batched("unprepare", claims, batch if unprepare_batch else None, one)
-
-    async def _batched(self, operation: str, claims: list[ClaimRef], batch: Batch | None,
-                       one: Callable[[ClaimRef], Awaitable[list[PreparedDevice]]]) -> Results:
-        """Serialized calls; with ``batch`` (UID -> devices or exception) the first claim's turn does the whole
-        request under the locks, and per-claim results, metrics and logs follow as if one at a time."""
-        if batch is None or len(claims) < 2:
-            return await self._serialized(operation, claims, one)
-        results: dict[str, Any] = {}
-        asked = False
-
-        async def from_batch(claim: ClaimRef) -> list[PreparedDevice]:
-            nonlocal asked
-            if not asked:
-                asked = True
-                results.update(await batch(claims))
-            result = results.get(claim.uid)
-            if result is None:  # not in the answer (or the batch failed): on its own
-                return await one(claim)
-            if isinstance(result, Exception):
-                raise result
-            devices: list[PreparedDevice] = result
-            return devices
-
-        return await self._serialized(operation, claims, from_batch)
+        """:meth:`unprepare_claims_blocking` from the event loop (the stale-claim cleanup), in a worker thread."""
+        return await asyncio.to_thread(self.unprepare_claims_blocking, claims)
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -346,10 +295,6 @@ class DraPlugin:
         pod's prepare during a rolling update, such as removing orphan CDI specs)."""
         async with self._serial.held_async():
             yield
-
-    def _on_loop(self, call: Coroutine[Any, Any, Results]) -> Results:
-        assert self._loop is not None, "start() first"
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     def _in_thread(self, operation: str, claims: list[ClaimRef],
                    work: Callable[[list[ClaimRef]], Mapping[str, Any]],
@@ -366,7 +311,7 @@ class DraPlugin:
             if before is not None:
                 before(claims)
             with self._serial.held():
-                start = time.perf_counter()  # the time under the locks, as on the event-loop path
+                start = time.perf_counter()  # the time under the locks
                 results = work(claims)
             elapsed = time.perf_counter() - start
         except ClaimError as exc:  # stopped while waiting for the other pod's lock, or no lock file
@@ -398,29 +343,6 @@ class DraPlugin:
         log.log(level, f"{operation} {result}", extra=kv(driver=self.driver, claim=str(claim), devices=len(entry[0]),
                                                           seconds=round(elapsed, 4), error=entry[1] or None))
         return entry
-
-    async def _serialized(
-        self, operation: str, claims: list[ClaimRef], fn: Callable[[ClaimRef], Any]
-    ) -> dict[str, tuple[list[PreparedDevice], str]]:
-        out: dict[str, tuple[list[PreparedDevice], str]] = {}
-        if not claims:
-            return out
-        try:
-            async with self.exclusive():
-                for claim in claims:
-                    start = time.perf_counter()
-                    devices: list[PreparedDevice] | None = None
-                    error: BaseException | None = None
-                    try:
-                        devices = await fn(claim)
-                    except Exception as exc:
-                        error = exc
-                    out[claim.uid] = self._settled(operation, claim, devices, error, time.perf_counter() - start)
-        except ClaimError as exc:  # stopped while waiting for the other pod's lock
-            for claim in claims:
-                if claim.uid not in out:
-                    out[claim.uid] = self._settled(operation, claim, None, exc, 0.0)
-        return out
 
     # -- health --------------------------------------------------------------------------------------------------
     async def health_changed(self) -> None:

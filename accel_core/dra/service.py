@@ -34,12 +34,13 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
+from accel_core.dra.devices import SliceValidationError
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.profile import DraProfile, Scan, tainted
-from accel_core.dra.slices import SlicePublisher, SliceValidationError
+from accel_core.dra.publisher import SlicePublisher
 from accel_core.dra.status import DeviceStatusWriter
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+#: What a handler reads before the plugin's locks and is handed back under them (the claims it read).
+Fetched = TypeVar("Fetched")
 
 
 @dataclass(frozen=True)
@@ -57,18 +61,25 @@ class ClaimError(Exception):
     """A claim-level failure: reported in that claim's error field, not as a failed RPC."""
 
 
-class DraHandler(Protocol):
-    """What a DRA driver provides. Calls are serialized by the adapter; both must be idempotent."""
+class DraHandler(Protocol[Fetched]):
+    """What a DRA driver provides. The plugin calls it from a DRA server thread: ``prefetch_blocking`` outside its
+    locks, then ``prepare_blocking`` or ``unprepare_blocking`` under them (one request at a time). Each maps every
+    claim UID of the request to its result or its exception; both must be idempotent."""
 
     @property
     def driver_name(self) -> str: ...
 
-    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        """Prepare one claim; raise ClaimError with a message naming the problem."""
+    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop) -> Fetched:
+        """Read what the prepare needs from the network, before the locks (a slow read holds up no other call)."""
         ...
 
-    async def unprepare(self, claim: ClaimRef) -> None:
-        """Unprepare one claim (it may be deleted already); unknown claims are a no-op."""
+    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, *,
+                         prefetched: Fetched | None = None) -> Mapping[str, list[PreparedDevice] | Exception]:
+        """Prepare the claims of one request; a claim's failure is its ClaimError, with a message naming it."""
+        ...
+
+    def unprepare_blocking(self, claims: Sequence[ClaimRef]) -> Mapping[str, Exception | None]:
+        """Unprepare the claims of one request (they may be deleted already); unknown claims are a no-op."""
         ...
 
     def health(self) -> list[DeviceHealthReport] | None:

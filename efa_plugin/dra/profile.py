@@ -24,14 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
-from accel_core.dra.config import check_fields, check_type, parameters_object
+from accel_core.dra.config import decode_struct
+from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.profile import RequestEdits, Scan
-from accel_core.dra.slices import AttributeValue, SliceDevice, Version
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME
 from efa_plugin.discovery import EfaDevice, EfaInventory
+from efa_plugin.dra.config import EfaParams
 from efa_plugin.health import device_health, present
 from efa_plugin.scanner import RDMA_CM, EfaScanner
 
@@ -90,9 +91,7 @@ class EfaProfile:
         return Scan(inv, devices, health, host.problems, host.summary)
 
     def decode_config(self, parameters: object, where: str) -> EfaConfig:
-        params = parameters_object(parameters, where)
-        check_fields(params, where, ("apiVersion", "kind"))
-        check_type(params, where, API_VERSION, KIND)
+        decode_struct(parameters, where, (EfaParams,))
         return EfaConfig()
 
     def container_edits(self, inventory: EfaInventory, request: str, devices: Sequence[str],

@@ -17,12 +17,9 @@ An unhealthy device keeps its entry and gets the taint ``neuron.aws.com/unhealth
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
-from accel_core.dra.profile import tainted, unhealthy_taint_key
-from accel_core.dra.slices import AttributeValue, SliceDevice, Version
-from accel_core.health import DeviceHealth
+from accel_core.dra.devices import AttributeValue, SliceDevice, Version
+from accel_core.dra.profile import unhealthy_taint_key
 from accel_core.hostfiles import parse_index
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
@@ -81,12 +78,7 @@ def device_capacity(dev: NeuronDevice) -> dict[str, int | str]:
     return cap
 
 
-def slice_devices(
-    inv: NeuronInventory,
-    dra_version: str,
-    health: Mapping[int, DeviceHealth] | None = None,
-) -> list[SliceDevice]:
-    """The pool's devices in index order; unhealthy ones (per ``health``) carry the core's unhealthy taint."""
-    devices = [SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version), device_capacity(dev))
-               for dev in inv.devices]
-    return tainted(DRA_DRIVER_NAME, devices, {device_name(i): h for i, h in (health or {}).items()})
+def slice_devices(inv: NeuronInventory, dra_version: str) -> list[SliceDevice]:
+    """The pool's devices in index order (the service taints unhealthy ones: :func:`accel_core.dra.profile.tainted`)."""
+    return [SliceDevice(device_name(dev.index), device_attributes(inv, dev, dra_version), device_capacity(dev))
+            for dev in inv.devices]

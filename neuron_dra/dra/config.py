@@ -22,23 +22,34 @@ the field and the config's place in the allocation. Precedence (class, then clai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+import msgspec
 
 from accel_core.awsfacts.ultraserver import SET_SIZES
-from accel_core.dra.config import ConfigError, OpaqueEntry, check_fields, check_type, parameters_object
-from accel_core.dra.config import configs_for_requests as _configs_for_requests
+from accel_core.dra.config import decode_struct
 from neuron_dra import DRA_DRIVER_NAME
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "NeuronConfig"
 ULTRASERVER_KIND = "UltraServerConfig"
-LNC_VALUES = (1, 2)
-_FIELDS = {KIND: ("apiVersion", "kind", "logicalNeuronCore"),
-           ULTRASERVER_KIND: ("apiVersion", "kind", "ultraserverMode")}
+ApiVersion = Literal["neuron.aws.com/v1"]
+Lnc = Literal[1, 2]
+UltraServerMode = Annotated[Literal[1, 2, 4], msgspec.Meta(description="nodes in the UltraServer set")]
+assert get_args(ApiVersion) == (API_VERSION,)
+assert get_args(get_args(UltraServerMode)[0]) == SET_SIZES, "UltraServerMode must list the UltraServer set sizes"
 
-__all__ = ["ConfigError", "NeuronConfig", "OpaqueEntry", "configs_for_requests", "decode_parameters"]
+
+class _NeuronParams(msgspec.Struct, tag_field="kind", tag=KIND, forbid_unknown_fields=True, frozen=True):
+    apiVersion: ApiVersion  # noqa: N815 (the API's field name)
+    logicalNeuronCore: Lnc | None = None  # noqa: N815
+
+
+class _UltraServerParams(msgspec.Struct, tag_field="kind", tag=ULTRASERVER_KIND, forbid_unknown_fields=True,
+                         frozen=True):
+    apiVersion: ApiVersion  # noqa: N815
+    ultraserverMode: UltraServerMode  # noqa: N815
 
 
 @dataclass(frozen=True)
@@ -51,26 +62,10 @@ class NeuronConfig:
 
 
 def decode_parameters(raw: Any, where: str) -> NeuronConfig:
-    """Decode one ``opaque.parameters`` value."""
-    params = parameters_object(raw, where)
-    kind = params.get("kind")
-    if kind == ULTRASERVER_KIND:
-        check_fields(params, where, _FIELDS[ULTRASERVER_KIND])
-        check_type(params, where, API_VERSION, ULTRASERVER_KIND)
-        mode = params.get("ultraserverMode")
-        if isinstance(mode, bool) or not isinstance(mode, int) or mode not in SET_SIZES:
-            raise ConfigError(f"{where}: ultraserverMode must be one of {', '.join(map(str, SET_SIZES))} "
-                              f"(nodes in the UltraServer set), got {mode!r}")
-        return NeuronConfig(ultraserver_mode=mode)
-    check_fields(params, where, _FIELDS[KIND])
-    check_type(params, where, API_VERSION, KIND, f" or {ULTRASERVER_KIND!r}")
-    lnc = params.get("logicalNeuronCore")
-    if lnc is not None and (isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in LNC_VALUES):
-        raise ConfigError(f"{where}: logicalNeuronCore must be 1 or 2, got {lnc!r}")
-    return NeuronConfig(logical_neuron_core=lnc)
+    """Decode one ``opaque.parameters`` value (ConfigError naming ``where`` and the field)."""
+    params = decode_struct(raw, where, (_NeuronParams, _UltraServerParams))
+    if isinstance(params, _UltraServerParams):
+        return NeuronConfig(ultraserver_mode=params.ultraserverMode)
+    assert isinstance(params, _NeuronParams)
+    return NeuronConfig(logical_neuron_core=params.logicalNeuronCore)
 
-
-def configs_for_requests(entries: Sequence[OpaqueEntry], requests: Sequence[str]) -> dict[str, NeuronConfig]:
-    """The effective NeuronConfig per request name (see :func:`accel_core.dra.config.configs_for_requests`)."""
-    return _configs_for_requests(entries, requests, driver=DRA_DRIVER_NAME, decode=decode_parameters,
-                                 default=NeuronConfig())

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from accel_core.awsfacts import ultraserver as us_facts
+from accel_core.dra.devices import CounterSet
 from accel_core.dra.profile import RequestEdits, Scan
-from accel_core.dra.slices import CounterSet
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.paths import HostPaths

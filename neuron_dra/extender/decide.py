@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,14 +208,3 @@ def explain(pod: PodInfo, node: str, verdict: Verdict) -> str:
     if verdict.fits and verdict.placement is not None:
         lines.append(f"  score: {verdict.score}/{MAX_SCORE} (share of connected capacity the placement keeps)")
     return "\n".join(lines)
-
-
-def bound_pods_from(items: Sequence[Mapping[str, Any]]) -> list[PodInfo]:
-    """PodInfo of every well-formed pod in ``items`` (malformed ones are skipped)."""
-    out = []
-    for raw in items:
-        try:
-            out.append(pod_info(raw))
-        except BadInput:
-            continue
-    return out

@@ -6,15 +6,17 @@ answers it with 400).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lightkube.utils.quantity import parse_quantity
+
 from neuron_dra.extender.placement import RESOURCES, Request
 
 MAX_COUNT = 4096
-_INT = re.compile(r"[0-9]{1,6}")
+#: the longest quantity text read (a whole count of at most MAX_COUNT fits in far fewer characters in any form)
+MAX_QUANTITY_CHARS = 64
 
 
 class BadInput(ValueError):
@@ -42,12 +44,18 @@ def _obj(value: Any, what: str) -> Mapping[str, Any]:
 
 
 def _count(value: Any, what: str) -> int:
+    """A Kubernetes quantity (``4``, ``4000m``, ``1k``; lightkube's parser) that is a whole number of at most
+    MAX_COUNT, as extended resources are."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise BadInput(f"{what} must be a whole number, not {str(value)[:30]!r}")
-    text = str(value).strip()
-    if not _INT.fullmatch(text) or int(text) > MAX_COUNT:
+    text = value if isinstance(value, str) else str(value) if abs(value) <= MAX_COUNT else "too large"
+    try:
+        number = parse_quantity(text) if len(text) <= MAX_QUANTITY_CHARS and text.isascii() else None
+    except ValueError:
+        number = None
+    if number is None or number != number.to_integral_value() or not 0 <= number <= MAX_COUNT:
         raise BadInput(f"{what} must be a whole number of at most {MAX_COUNT}, not {text[:30]!r}")
-    return int(text)
+    return int(number)
 
 
 def container_requests(pod: Mapping[str, Any]) -> tuple[Request, ...]:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from lightkube import AsyncClient, KubeConfig
 import accel_core.dra.cdi as cdi_module
 import accel_core.dra.plugin as plugin_module
 from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
+from accel_core.devtools.polling import poll_until
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
@@ -299,10 +299,7 @@ def _serve(tmp: Path, host: Path, pod_uid: str) -> list[str]:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
-    for _ in range(600):
-        if path.exists() or proc.poll() is not None:
-            break
-        time.sleep(0.05)
+    poll_until(lambda: path.exists() or proc.poll() is not None, f"{path} (or the driver's exit)", 30, 0.05)
     assert path.exists(), f"{path} never appeared (exit code {proc.poll()})"
 
 

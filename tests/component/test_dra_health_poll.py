@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from hostcache import copy_host
-from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.devtools.polling import until
+from accel_core.dra.devices import CounterSet, SliceDevice
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.service import DEFAULT_HEALTH_POLL_INTERVAL, DraService
-from accel_core.dra.slices import CounterSet, SliceDevice
 from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.paths import HostPaths

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 import pytest
+from dracalls import plugin_prepare
 from lockspy import FlockBusySpy
 
 import accel_core.dra.plugin as plugin_module
@@ -21,6 +24,9 @@ DRIVER = "toy.example.com"
 
 
 class ToyHandler:
+    """A handler with production's calls (:class:`~accel_core.dra.types.DraHandler`): run in the DRA server's
+    thread, reads first (outside the locks), then prepare or unprepare under them."""
+
     driver_name = DRIVER
 
     def __init__(self) -> None:
@@ -28,7 +34,20 @@ class ToyHandler:
         self.calls: list[str] = []
         self.healthy = True
 
-    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: object) -> None:
+        self.calls += [f"read:{c.name}" for c in claims]
+
+    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: object, *, prefetched: None = None
+                         ) -> dict[str, list[PreparedDevice] | Exception]:
+        out: dict[str, list[PreparedDevice] | Exception] = {}
+        for claim in claims:
+            try:
+                out[claim.uid] = self.prepare_one(claim)
+            except Exception as exc:
+                out[claim.uid] = exc
+        return out
+
+    def prepare_one(self, claim: ClaimRef) -> list[PreparedDevice]:
         self.calls.append(f"prepare:{claim.name}")
         if claim.name == "bad":
             raise ClaimError("opaque config: unknown field 'colour'")
@@ -38,9 +57,11 @@ class ToyHandler:
         self.prepared[claim.uid] = devs
         return devs
 
-    async def unprepare(self, claim: ClaimRef) -> None:
-        self.calls.append(f"unprepare:{claim.name}")
-        self.prepared.pop(claim.uid, None)
+    def unprepare_blocking(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
+        for claim in claims:
+            self.calls.append(f"unprepare:{claim.name}")
+            self.prepared.pop(claim.uid, None)
+        return {c.uid: None for c in claims}
 
     def health(self) -> list[DeviceHealthReport] | None:
         return [DeviceHealthReport("node-a", "toy-0", self.healthy, "" if self.healthy else "x" * 2000, 30),
@@ -98,20 +119,22 @@ def test_prepare_both_versions_with_per_claim_errors(short_tmp: Path) -> None:
 
 
 class OverlapProbe:
-    """Counts prepares in flight across handlers: more than one at a time is an overlap."""
+    """Counts prepares in flight across handlers (from any thread): more than one at a time is an overlap."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.in_flight = 0
         self.most = 0
         self.events: list[str] = []
 
-    async def around(self, name: str, body: Awaitable[None]) -> None:
-        self.in_flight += 1
-        self.most = max(self.most, self.in_flight)
-        self.events.append(f"start:{name}")
-        try:
-            await body
-        finally:
+    def enter(self, name: str) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.events.append(f"start:{name}")
+
+    def leave(self, name: str) -> None:
+        with self._lock:
             self.events.append(f"end:{name}")
             self.in_flight -= 1
 
@@ -119,23 +142,28 @@ class OverlapProbe:
 class ProbedHandler(ToyHandler):
     """A handler whose prepare stays in flight for a while (or until ``gate`` opens) and reports to a probe."""
 
-    def __init__(self, probe: OverlapProbe, gate: asyncio.Event | None = None) -> None:
+    def __init__(self, probe: OverlapProbe, gate: threading.Event | None = None) -> None:
         super().__init__()
         self.probe = probe
         self.gate = gate
-        self.entered = asyncio.Event()
+        self.entered = threading.Event()
 
-    async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
+    def prepare_one(self, claim: ClaimRef) -> list[PreparedDevice]:
         self.entered.set()
-
-        async def body() -> None:
+        self.probe.enter(claim.name)
+        try:
             if self.gate is not None:
-                await self.gate.wait()
-            for _ in range(5):  # several event-loop turns: an unserialized prepare would start meanwhile
-                await asyncio.sleep(0.002)
+                assert self.gate.wait(10), "the test never opened the gate"
+            for _ in range(5):  # the thread gives way: an unserialized prepare in another thread would start
+                time.sleep(0.002)
+        finally:
+            self.probe.leave(claim.name)
+        return super().prepare_one(claim)
 
-        await self.probe.around(claim.name, body())
-        return await super().prepare(claim)
+
+async def _entered(handler: ProbedHandler) -> None:
+    """Until the handler's prepare has started (in a DRA server thread)."""
+    assert await asyncio.to_thread(handler.entered.wait, 10), "the prepare never started"
 
 
 HOLDER = """
@@ -194,20 +222,20 @@ def test_a_prepare_waits_while_another_process_holds_the_lock(short_tmp: Path,
         standin, plugin, handler = await _start(short_tmp)
         marker = short_tmp / "released"
         seen_marker: list[bool] = []
-        real_prepare = handler.prepare
+        real_prepare = handler.prepare_one
 
-        async def prepare(claim: ClaimRef) -> list[PreparedDevice]:
+        def prepare(claim: ClaimRef) -> list[PreparedDevice]:
             seen_marker.append(marker.exists())
-            return await real_prepare(claim)
+            return real_prepare(claim)
 
-        handler.prepare = prepare  # type: ignore[method-assign]
+        handler.prepare_one = prepare  # type: ignore[method-assign]
         other = await _holder(plugin.data_dir / "serialize.lock", "hold", marker)
         assert other.stdout is not None
         assert (await asyncio.wait_for(other.stdout.readline(), 10)).strip() == b"held"
         conn = await standin.register_dra(DRIVER)
         call = asyncio.ensure_future(conn.prepare(("ns", "u1", "c1")))
         await spy.wait_busy(10)  # the plugin tried the lock and found it taken
-        assert handler.calls == [] and not call.done()
+        assert handler.calls == ["read:c1"] and not call.done(), "read before the locks, nothing done under them"
         assert other.stdin is not None
         other.stdin.write(b"\n")
         await other.stdin.drain()
@@ -223,14 +251,14 @@ def test_a_prepare_waits_while_another_process_holds_the_lock(short_tmp: Path,
 def test_another_process_is_kept_out_while_a_prepare_runs(short_tmp: Path) -> None:
     async def scenario() -> None:
         standin, plugin, _ = await _start(short_tmp)
-        gate = asyncio.Event()
+        gate = threading.Event()
         handler = ProbedHandler(OverlapProbe(), gate)
         plugin.handler = handler
         other = await _holder(plugin.data_dir / "serialize.lock", "try")
         conn = await standin.register_dra(DRIVER)
         assert await _ask(other) == "got", "nobody holds the lock before the prepare"
         call = asyncio.ensure_future(conn.prepare(("ns", "u1", "c1")))
-        await asyncio.wait_for(handler.entered.wait(), 10)
+        await _entered(handler)
         assert await _ask(other) == "busy"
         gate.set()
         await asyncio.wait_for(call, 10)
@@ -251,16 +279,16 @@ def test_two_plugin_instances_contend_for_the_lock(short_tmp: Path, monkeypatch:
         standin = KubeletStandIn(short_tmp / "kubelet")
         standin.registry_dir.mkdir(parents=True)
         probe = OverlapProbe()
-        gate = asyncio.Event()
+        gate = threading.Event()
         old_handler, new_handler = ProbedHandler(probe, gate), ProbedHandler(probe)
         old = DraPlugin(old_handler, standin.paths(), pod_uid="pod-old")
         new = DraPlugin(new_handler, standin.paths(), pod_uid="pod-new")
         await old.start()
         await new.start()
         assert old.registration_socket != new.registration_socket and old.dra_socket != new.dra_socket
-        first = asyncio.ensure_future(old.prepare_claims([ClaimRef("ns", "u-old", "c-old")]))
-        await asyncio.wait_for(old_handler.entered.wait(), 10)
-        second = asyncio.ensure_future(new.prepare_claims([ClaimRef("ns", "u-new", "c-new")]))
+        first = asyncio.ensure_future(plugin_prepare(old, [ClaimRef("ns", "u-old", "c-old")]))
+        await _entered(old_handler)
+        second = asyncio.ensure_future(plugin_prepare(new, [ClaimRef("ns", "u-new", "c-new")]))
         await spy.wait_busy(10)  # the new pod met the old pod's lock
         assert not new_handler.entered.is_set()
         gate.set()
@@ -312,28 +340,14 @@ def test_registration_rejection_is_reported(short_tmp: Path) -> None:
     asyncio.run(scenario())
 
 
-class BlockingToyHandler(ToyHandler):
-    """A handler with the core driver's thread entry points: its calls run in the DRA server's thread."""
-
-    def prepare_blocking(self, claims: list[ClaimRef], loop: object) -> dict[str, object]:
-        self.calls += [f"prepare:{c.name}" for c in claims]
-        return {c.uid: [PreparedDevice("node-a", "toy-0", (f"k8s.toy/claim={c.uid}-toy-0",), ("req",))]
-                for c in claims}
-
-    def unprepare_blocking(self, claims: list[ClaimRef]) -> dict[str, object]:
-        return {c.uid: None for c in claims}
-
-
-@pytest.mark.parametrize("handler", [ToyHandler, BlockingToyHandler], ids=["on-the-loop", "in-the-server-thread"])
 def test_a_call_waiting_for_the_other_pods_lock_gives_up_when_the_driver_stops(
-        short_tmp: Path, monkeypatch: pytest.MonkeyPatch, handler: type[ToyHandler]) -> None:
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stopping driver must not hang on the other pod's lock: the waiting call fails (the kubelet retries it),
     and stop() returns."""
     async def scenario() -> None:
         spy = FlockBusySpy()
         monkeypatch.setattr(plugin_module, "fcntl", spy)
-        standin, plugin, _ = await _start(short_tmp)
-        plugin.handler = handler()
+        standin, plugin, handler = await _start(short_tmp)
         other = await _holder(plugin.data_dir / "serialize.lock", "hold", short_tmp / "released")
         assert other.stdout is not None
         assert (await asyncio.wait_for(other.stdout.readline(), 10)).strip() == b"held"
@@ -358,6 +372,6 @@ def test_a_call_waiting_for_the_other_pods_lock_gives_up_when_the_driver_stops(
                 await asyncio.sleep(0.025)
         else:
             pytest.fail("the locks stayed taken after the other pod let go")
-        assert plugin.handler.calls == [], "the stopped driver gave the call up instead of preparing it later"
+        assert handler.calls == ["read:c1"], "the stopped driver gave the call up instead of preparing it later"
         await conn.close()
     asyncio.run(scenario())

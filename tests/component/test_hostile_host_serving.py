@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import IO
 
 from hostcache import copy_host, shared_host
-from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.devtools.polling import poll_until, until
 from accel_core.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,11 +76,9 @@ def read_errors(text: str, device: str) -> float:
 
 
 async def until_read_errors_above(port: int, device: str, count: float, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while read_errors(await asyncio.to_thread(scrape, port), device) <= count:
-        assert loop.time() < deadline, f"no new read error counted for {device} in /metrics"
-        await asyncio.sleep(0.2)
+    """The scrape is a blocking HTTP GET: polled from a worker thread, not the event loop."""
+    await asyncio.to_thread(poll_until, lambda: read_errors(scrape(port), device) > count,
+                            f"a new read error counted for {device} in /metrics", timeout, 0.2)
 
 
 class StderrLines:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from accel_core.devtools.polling import poll_until
 from accel_core.metrics_http import MetricsServer
 
 
@@ -50,14 +51,6 @@ def served() -> Iterator[tuple[MetricsServer, CountingCollector]]:
     server.start()
     yield server, collector
     server.shutdown()
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll ``check`` from this (non-async) test thread until it is true; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def get(port: int, path: str = "/metrics", headers: dict[str, str] | None = None,
@@ -172,7 +165,7 @@ def test_over_the_limit_the_oldest_idle_connection_gives_way(served: tuple[Metri
     server, _ = served
     socks = half_open(server.port, 16)  # max_connections
     try:
-        wait_for(lambda: server.open_connections == 16, "the server to hold the 16 connections")
+        poll_until(lambda: server.open_connections == 16, "the server to hold the 16 connections")
         assert get(server.port, timeout=3)[0] == 200
         socks[0].settimeout(3)
         assert socks[0].recv(1) == b""  # evicted for the newcomer
@@ -190,7 +183,7 @@ def test_slow_collection_keeps_the_server_answering() -> None:
     try:
         waiter = threading.Thread(target=get, args=(server.port,))
         waiter.start()
-        wait_for(lambda: slow.calls == 1, "the slow collection to start")
+        poll_until(lambda: slow.calls == 1, "the slow collection to start")
         t0 = time.monotonic()
         assert get(server.port, "/healthz")[0] == 200  # answered while the collection runs
         assert time.monotonic() - t0 < 0.5

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import msgspec
-from cdi_schema import assert_valid_cdi_spec
+from cdi_oracle import assert_cdi_accepts
 from hostcache import copy_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -78,9 +78,12 @@ class Rig:
             await asyncio.wait_for(task, 10)
 
 
-def _spec(paths: HostPaths, uid: str) -> dict[str, Any]:
+async def _spec(paths: HostPaths, uid: str, devices: Any = ()) -> dict[str, Any]:
+    """The claim's spec, after containerd's CDI library loaded the whole CDI root and resolved ``devices`` (the
+    kubelet's cdi_device_ids answer) from it."""
+    ids = [i for d in devices for i in d.cdi_device_ids]
+    await asyncio.to_thread(assert_cdi_accepts, paths.cdi_root, ids)
     data: dict[str, Any] = json.loads((paths.cdi_root / f"k8s.neuron.aws.com-claim_{uid}.json").read_text())
-    assert_valid_cdi_spec(data)
     return data
 
 
@@ -112,7 +115,9 @@ def test_prepare_and_unprepare_through_the_dra_socket(short_tmp: Path) -> None:
                 "k8s.neuron.aws.com/claim=u-row-neuron-device-4", "k8s.neuron.aws.com/claim=u-row-request-neurons"]
             assert "logicalNeuronCore must be 1 or 2, got 3" in resp["u-bad"].error
             assert "ns/bad" in resp["u-bad"].error
-            env = [e for d in _spec(rig.paths, "u-lnc")["devices"] for e in d["containerEdits"].get("env", [])]
+            await _spec(rig.paths, "u-row", resp["u-row"].devices)
+            lnc = await _spec(rig.paths, "u-lnc", resp["u-lnc"].devices)
+            env = [e for d in lnc["devices"] for e in d["containerEdits"].get("env", [])]
             assert sorted(env) == ["NEURON_LOGICAL_NC_CONFIG=1", "NEURON_RT_VISIBLE_CORES=0-63"]
             # the same claims again over the older API version: same answer
             again: Any = await conn.prepare(("ns", "u-row", "row"), version="v1beta1.DRAPlugin")
@@ -256,13 +261,14 @@ def test_restart_restores_claims_and_lost_specs(short_tmp: Path) -> None:
         async with rig.running(pod_uid="pod-2") as service:
             assert [c.uid for c in service.store.claims()] == ["u-1"]
             assert not orphan.exists() and not temp.exists(), "start removed what no checkpoint entry refers to"
-            spec = _spec(rig.paths, "u-1")
+            spec = await _spec(rig.paths, "u-1")
             assert [n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])] == [
                 f"/dev/neuron{i}" for i in range(4)]
             conn = await rig.standin.register_dra(DRIVER)
             again: Any = await conn.prepare(("ns", "u-1", "c1"))
             assert [list(d.cdi_device_ids) for d in again["u-1"].devices] == [
                 list(d.cdi_device_ids) for d in first["u-1"].devices]
+            await _spec(rig.paths, "u-1", again["u-1"].devices)
             await conn.close()
 
     asyncio.run(scenario())

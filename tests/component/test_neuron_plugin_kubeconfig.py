@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from hostcache import copy_host
-from waits import logged, until
+from waits import logged
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.devtools.polling import until
 from neuron_dra.deviceplugin.cli import serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
 

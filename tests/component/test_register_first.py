@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from hostcache import copy_host
-from waits import until
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_core.devtools.polling import until
 from neuron_dra.deviceplugin.cli import early_servers, serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
 

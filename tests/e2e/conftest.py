@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -44,6 +43,7 @@ from accel_core.devtools.containerdnode import RuntimeBinaries
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeletnode import CONTAINERD, KubeletNode
 from accel_core.devtools.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
+from accel_core.devtools.polling import poll_until
 from accel_core.fakehost import FakeHost, build_host
 
 _ACTIVE: list[ControlPlane] = []
@@ -128,18 +128,8 @@ def _tail_text(path: Path, lines: int) -> str:
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.3) -> Any:
-    """Poll ``check`` until it returns something truthy (returned); fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except ApiError as e:
-            last_error, value = e, None
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
+    """:func:`~accel_core.devtools.polling.poll_until`, taking an API error (an object not made yet) as "not yet"."""
+    return poll_until(check, what, timeout, interval, tolerate=(ApiError,))
 
 
 @pytest.fixture(scope="session")
@@ -284,7 +274,7 @@ def kubelet_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[C
         for pod in kube_client.list(Pod, namespace="*", fields={"spec.nodeName": node.name}):
             with contextlib.suppress(ApiError):
                 kube_client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace, grace_period=0)
-        with contextlib.suppress(AssertionError):
+        with contextlib.suppress(TimeoutError):
             wait_until(lambda n=node.name: not list(kube_client.list(Pod, namespace="*", fields={"spec.nodeName": n})),
                        f"the pods of {node.name} gone", timeout=30)
         node.stop()

@@ -195,7 +195,7 @@ def wait_published(client: Client, driver: DriverProcess, count: int, wait: Wait
 
     try:
         slices: list[dict[str, Any]] = wait(check, f"{count} published devices of {driver.kind.driver}", timeout=90)
-    except AssertionError as exc:
+    except (AssertionError, TimeoutError) as exc:  # the driver exited, or the wait timed out
         raise AssertionError(f"{exc}\ndriver log:\n{driver.tail()}") from exc
     return slices
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_core.devtools.controlplane import ControlPlane, MissingBinariesError
+from accel_core.devtools.controlplane import ControlPlane
+from accel_core.devtools.controlplane_errors import MissingBinariesError
 from accel_core.devtools.kubeversions import build_bin_dir, build_script, kube_bin_dir
 
 

@@ -33,7 +33,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.checkpoint import CheckpointFile
-from accel_core.dra.slices import spec_key
+from accel_core.dra.publisher import spec_key
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi.constants import DRA_V1_SERVICE
 
@@ -269,7 +269,7 @@ def wait_published(kube_client: Client, driver: Driver, count: int, wait: Wait) 
 
     try:
         slices: list[dict[str, Any]] = wait(check, f"{count} published devices for {driver.node}", timeout=90)
-    except AssertionError as exc:
+    except (AssertionError, TimeoutError) as exc:  # the driver exited, or the wait timed out
         raise AssertionError(f"{exc}\ndriver log:\n{driver.tail()}") from exc
     return slices
 

@@ -10,9 +10,9 @@ import pytest
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
-from waits import until
 
 from accel_core.devtools.controlplane import ControlPlane
+from accel_core.devtools.polling import until
 from accel_core.ownnode import OwnNode
 
 

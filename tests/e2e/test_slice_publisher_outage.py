@@ -20,7 +20,8 @@ from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from accel_core.devtools.controlplane import ControlPlane
-from accel_core.dra.slices import SliceDevice, SlicePublisher
+from accel_core.dra.devices import SliceDevice
+from accel_core.dra.publisher import SlicePublisher
 
 DRIVER = "outage.example.com"
 NODE = "outage-node"

@@ -135,7 +135,7 @@ def follows_sysfs(admin: Client, host: FakeHost, node: str, daemon: DriverProces
     want = expected_labels(host)
     try:
         wait(lambda: ultraserver_labels(admin, node) == want, f"the UltraServer labels on {node}", timeout=60)
-    except AssertionError as exc:
+    except (AssertionError, TimeoutError) as exc:  # the driver exited, or the wait timed out
         raise AssertionError(f"{exc}: {ultraserver_labels(admin, node)}\n{daemon.tail()}") from exc
     busy = dataclasses.replace(fake_ids("us-labels", 2), busy=True)
     host.set_ultraserver(busy)

@@ -41,7 +41,7 @@ NPD_DS = "node-problem-detector"
 EFA_DS = "aws-efa-k8s-device-plugin-daemonset"
 NAMESPACED = {"DaemonSet", "ServiceAccount", "Service", "ConfigMap", "ServiceMonitor"}
 #: What a DRA driver of this project calls: GET one claim, GET its Node, and list/watch/create/update/delete its
-#: node's slices (accel_core/dra/claims.py and slices.py). Nothing more may be granted.
+#: node's slices (accel_core/dra/claims.py and publisher.py). Nothing more may be granted.
 BASE_DRA_DRIVER_RULES = {
     (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
     (("",), ("nodes",), ()): {"get"},

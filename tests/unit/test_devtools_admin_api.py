@@ -7,7 +7,8 @@ import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
-from accel_core.devtools.controlplane import AdminApi, ApiRequestError, ControlPlaneError
+from accel_core.devtools.controlplane import AdminApi
+from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
 
 
 def test_an_api_status_becomes_api_request_error_with_the_code() -> None:

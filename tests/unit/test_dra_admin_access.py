@@ -8,13 +8,13 @@ allocations"."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from dracalls import prepare_one, unprepare_one
 from hostcache import shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -77,10 +77,10 @@ class Rig:
         return ClaimRef("ns", uid, name)
 
     def prepare(self, ref: ClaimRef) -> list[str]:
-        return [d.device for d in asyncio.run(self.driver.prepare(ref))]
+        return [d.device for d in prepare_one(self.driver, ref)]
 
     def unprepare(self, ref: ClaimRef) -> None:
-        asyncio.run(self.driver.unprepare(ref))
+        unprepare_one(self.driver, ref)
 
 
 @pytest.fixture(params=sorted(DRIVERS))

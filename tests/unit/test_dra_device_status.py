@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from dracalls import prepare_one
 from hostcache import shared_host
 from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -70,7 +71,7 @@ class Rig:
         return ClaimRef("ns", f"uid-{name}", name)
 
     def prepare(self, ref: ClaimRef) -> None:
-        asyncio.run(self.driver.prepare(ref))
+        prepare_one(self.driver, ref)
 
     def status(self) -> dict[str, dict[str, Any]]:
         (claim,) = self.sunk

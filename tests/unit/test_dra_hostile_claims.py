@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from dracalls import plugin_prepare
 from hostcache import copy_host
 from lightkube import AsyncClient, KubeConfig
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -79,7 +80,7 @@ class Rig:
         self.plugin = DraPlugin(self.driver, self.paths)
 
     def prepare(self, *refs: ClaimRef) -> dict[str, tuple[list[Any], str]]:
-        return asyncio.run(self.plugin.prepare_claims(list(refs)))
+        return asyncio.run(plugin_prepare(self.plugin, list(refs)))
 
     def unprepare(self, *refs: ClaimRef) -> dict[str, tuple[list[Any], str]]:
         return asyncio.run(self.plugin.unprepare_claims(list(refs)))
@@ -216,7 +217,7 @@ def test_a_malformed_claim_from_the_api_server_is_a_claim_error(rig: Rig, body: 
         try:
             driver = DraDriver(NeuronProfile(), node_name=NODE, reader=ApiClaimReader(client, get), cdi=rig.cdi,
                                store=rig.store, inventory=lambda: rig.inventory)
-            return await DraPlugin(driver, rig.paths).prepare_claims([ClaimRef("ns", "u-1", "c")])
+            return await plugin_prepare(DraPlugin(driver, rig.paths), [ClaimRef("ns", "u-1", "c")])
         finally:
             await client.close()
             if get is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from accel_core.devtools.controlplane import ADMIN_USER, _cert_user, generate_pki, write_kubeconfig
+from accel_core.devtools.controlplane_pki import ADMIN_USER, cert_user, generate_pki, write_kubeconfig
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_client, kube_config
 
@@ -62,7 +62,7 @@ def test_claim_reads_reuse_one_connection_across_idle_gaps(tmp_path: Path, monke
     async def scenario() -> None:
         port = await api.start()
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", pki.ca_cert, "admin",
-                                      _cert_user(*pki.client("admin")))
+                                      cert_user(*pki.client("admin")))
         config = kube_config(str(kubeconfig))
         client = kube_client(config, "test")
         direct = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)

@@ -7,12 +7,12 @@ Facts: trn2.48xlarge has 8 physical NeuronCores per device: LNC 1 shows 8 per de
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from dracalls import prepare_one
 from hostcache import shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -52,7 +52,7 @@ def env_of_claim(tmp_path: Path, config_requests: list[str]) -> dict[str, str]:
     store.load()
     cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor("neuron.aws.com"), CDI_CLASS)
     driver = DraDriver(profile, node_name=NODE, reader=Reader(), cdi=cdi, store=store, inventory=lambda: inventory)
-    devices = asyncio.run(driver.prepare(ClaimRef("ns", "uid-1", "eight-or-four")))
+    devices = prepare_one(driver, ClaimRef("ns", "uid-1", "eight-or-four"))
     assert [d.request_names for d in devices] == [("neurons",)] * 8, "containers name the parent request"
     spec = cdi.read("uid-1")
     assert spec is not None

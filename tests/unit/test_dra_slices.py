@@ -17,17 +17,10 @@ from lightkube.models.meta_v1 import Status
 from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
-from waits import until
 
-from accel_core.dra.slices import (
-    SliceDevice,
-    SlicePublisher,
-    Taint,
-    build_slices,
-    quantity,
-    spec_key,
-    without_taints,
-)
+from accel_core.devtools.polling import until
+from accel_core.dra.devices import SliceDevice, Taint, quantity
+from accel_core.dra.publisher import SlicePublisher, build_slices, spec_key, without_taints
 
 DRIVER = "toy.example.com"
 NODE = "node-a"

@@ -11,7 +11,7 @@ from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
 from accel_core.paths import HostPaths
-from efa_plugin.allocation import Topology, first_fit, topology_path
+from efa_plugin.allocation import Topology, topology_path
 from efa_plugin.discovery import EfaDevice, discover
 
 
@@ -39,14 +39,32 @@ def roots_of(topo: Topology, ids: list[str]) -> dict[str, int]:
     return out
 
 
+#: p5.48xlarge's 32 EFAs as AWS names them (efa.md 2.2: rdmap{79-82,96-99,113-116,130-133,147-150,164-167,181-184,
+#: 198-201}s0, 8 groups of 4 consecutive buses), each group sharing a PCIe root with one GPU (efa.md 2.3, "four
+#: EFA devices that share the same PCIe root with one GPU"). Written here, not read from the catalog.
+P5_GROUP_FIRST_BUS = (79, 96, 113, 130, 147, 164, 181, 198)
+P5_GROUPS = tuple(tuple(f"rdmap{bus}s0" for bus in range(first, first + 4)) for first in P5_GROUP_FIRST_BUS)
+
+
 @pytest.fixture(scope="module")
 def p5() -> Topology:
     return Topology(catalog_devices("p5.48xlarge"))
 
 
+@pytest.fixture(scope="module")
+def p5_groups() -> list[list[str]]:
+    """The facts' groups as device IDs, in the facts' order (each group's IDs sorted)."""
+    by_ibdev = {d.ibdev: d.id for d in catalog_devices("p5.48xlarge")}
+    return [sorted(by_ibdev[ibdev] for ibdev in group) for group in P5_GROUPS]
+
+
+def ibdev_groups(topo: Topology, devices: list[EfaDevice]) -> set[frozenset[str]]:
+    ibdev = {d.id: d.ibdev for d in devices}
+    return {frozenset(ibdev[i] for i in members) for members in topo.groups().values()}
+
+
 def test_p5_groups_are_the_eight_gpu_roots(p5: Topology) -> None:
-    groups = p5.groups()
-    assert len(groups) == 8 and all(len(g) == 4 for g in groups.values())
+    assert ibdev_groups(p5, catalog_devices("p5.48xlarge")) == {frozenset(g) for g in P5_GROUPS}
 
 
 @pytest.mark.parametrize("size, roots", [(4, 1), (8, 2), (12, 3), (16, 4), (32, 8)])
@@ -62,8 +80,8 @@ def test_p5_two_roots_stay_on_one_numa_node(p5: Topology) -> None:
     assert len(numa) == 1
 
 
-def test_p5_small_request_finishes_a_broken_root_first(p5: Topology) -> None:
-    groups = list(p5.groups().values())
+def test_p5_small_request_finishes_a_broken_root_first(p5: Topology, p5_groups: list[list[str]]) -> None:
+    groups = p5_groups
     # root 5 has one device in use; a request for 2 must come from it, leaving 7 roots whole
     available = [i for i in sorted(p5.known) if i != groups[5][0]]
     got = p5.preferred(available, [], 2)
@@ -74,17 +92,17 @@ def test_p5_small_request_finishes_a_broken_root_first(p5: Topology) -> None:
     assert set(p5.preferred(available, [], 3)) <= set(groups[5])
 
 
-def test_p5_whole_root_beats_two_broken_roots(p5: Topology) -> None:
-    groups = list(p5.groups().values())
+def test_p5_whole_root_beats_two_broken_roots(p5: Topology, p5_groups: list[list[str]]) -> None:
+    groups = p5_groups
     # roots 0-6 have 2 free each; root 7 is whole: a request for 4 takes root 7, not 2+2
     available = [g[i] for g in groups[:7] for i in (0, 1)] + groups[7]
     got = p5.preferred(available, [], 4)
     assert sorted(got) == groups[7]
-    assert first_fit(available, [], 4) != groups[7], "first-fit splits roots here (the benchmark's baseline)"
+    assert sorted(available)[:4] != groups[7], "the four lowest IDs (first fit) split roots here"
 
 
-def test_must_include_is_honoured_and_its_root_filled(p5: Topology) -> None:
-    groups = list(p5.groups().values())
+def test_must_include_is_honoured_and_its_root_filled(p5: Topology, p5_groups: list[list[str]]) -> None:
+    groups = p5_groups
     must = [groups[3][2]]
     got = p5.preferred(sorted(p5.known), must, 4)
     assert must[0] in got
@@ -105,12 +123,9 @@ def test_must_include_larger_than_size_and_unknown_ids(p5: Topology) -> None:
     assert p5.preferred(ids[:2] + ["zz"], [], 4) == [*ids[:2], "zz"]
 
 
-def test_numa_before_the_rest(p5: Topology) -> None:
+def test_numa_before_the_rest(p5: Topology, p5_groups: list[list[str]]) -> None:
     devices = catalog_devices("p5.48xlarge")
-    by_numa: dict[int | None, list[str]] = {}
-    for d in devices:
-        by_numa.setdefault(d.numa_node, []).append(d.id)
-    groups = list(p5.groups().values())
+    groups = p5_groups
     # NUMA 0: roots 0-3 each with 1 free; NUMA 1: roots 4-7 each with 1 free. A request for 2 spans 2 roots either
     # way; it must stay on one NUMA node.
     available = [g[0] for g in groups]
@@ -160,9 +175,10 @@ def test_unknown_placement_still_allocates() -> None:
 def test_property_p5_random_sequences_whole_roots(tmp_path: Path) -> None:
     """On the discovered p5 inventory: every k x 4 request made while >= k whole roots are free gets whole roots."""
     copy_host(tmp_path / "host", "p5.48xlarge")
-    topo = Topology(discover(HostPaths(host_root=tmp_path / "host")).devices)
+    inventory = list(discover(HostPaths(host_root=tmp_path / "host")).devices)
+    topo = Topology(inventory)
     groups = topo.groups()
-    assert len(groups) == 8
+    assert ibdev_groups(topo, inventory) == {frozenset(g) for g in P5_GROUPS}
     rng = random.Random(20240611)
     checked = 0
     for _sequence in range(200):

@@ -5,7 +5,6 @@ Expected values are written down from the reference documents, never computed wi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 from pathlib import Path
@@ -13,7 +12,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from cdi_schema import assert_valid_cdi_spec
+from cdi_oracle import assert_cdi_accepts
+from dracalls import prepare_one, unprepare_one
 from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -21,9 +21,9 @@ from accel_core.awsfacts import catalog
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.config import ConfigError
+from accel_core.dra.devices import SliceDevice, Version, validate_devices
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.profile import tainted
-from accel_core.dra.slices import SliceDevice, Version, validate_devices
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.fakehost import FakeHost
@@ -234,13 +234,13 @@ def test_prepare_writes_uverbs_and_rdma_cm(tmp_path: Path) -> None:
     # one PCIe root of p5: rdmap79s0..rdmap82s0 = buses 4f..52 (efa.md 2.2)
     names = [f"efa-0000-{bus}-00-0" for bus in ("4f", "50", "51", "52")]
     ref = reader.add("u-1", names, config={"apiVersion": "efa.aws.com/v1", "kind": "EfaConfig"})
-    devices = asyncio.run(driver.prepare(ref))
+    devices = prepare_one(driver, ref)
     assert [d.device for d in devices] == names
     assert devices[0].cdi_device_ids == ("k8s.efa.aws.com/claim=u-1-efa-0000-4f-00-0",
                                          "k8s.efa.aws.com/claim=u-1-request-efa")
     assert devices[1].cdi_device_ids == ("k8s.efa.aws.com/claim=u-1-efa-0000-50-00-0",)
+    assert_cdi_accepts(paths.cdi_root, [i for d in devices for i in d.cdi_device_ids])
     spec = json.loads(cdi.spec_path("u-1").read_text())
-    assert_valid_cdi_spec(spec)
     assert spec["kind"] == "k8s.efa.aws.com/claim"
     nodes = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
     assert nodes["u-1-request-efa"] == [{"path": "/dev/infiniband/rdma_cm", "permissions": "rw"}]
@@ -249,13 +249,13 @@ def test_prepare_writes_uverbs_and_rdma_cm(tmp_path: Path) -> None:
     minor = 192 + int(uverbs.removeprefix("uverbs"))  # ib_uverbs: major 231, minors from 192
     assert first == [{"path": f"/dev/infiniband/{uverbs}", "permissions": "rw", "type": "c", "major": 231,
                       "minor": minor}]
-    assert asyncio.run(driver.prepare(ref)) == devices, "idempotent"
+    assert prepare_one(driver, ref) == devices, "idempotent"
     other = reader.add("u-2", [names[3]])
     with pytest.raises(ClaimError, match="efa-0000-52-00-0 is already prepared for claim ns/c-u-1"):
-        asyncio.run(driver.prepare(other))
-    asyncio.run(driver.unprepare(ref))
-    asyncio.run(driver.unprepare(ref))
-    assert not cdi.exists("u-1") and asyncio.run(driver.prepare(other))[0].device == names[3]
+        prepare_one(driver, other)
+    unprepare_one(driver, ref)
+    unprepare_one(driver, ref)
+    assert not cdi.exists("u-1") and prepare_one(driver, other)[0].device == names[3]
 
 
 def test_prepare_refuses_unknown_and_vanished_devices(tmp_path: Path) -> None:

@@ -36,13 +36,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from accel_core.dra.slices import build_slices, validate_devices
+from accel_core.dra.devices import validate_devices
+from accel_core.dra.profile import tainted
+from accel_core.dra.publisher import build_slices
 from accel_core.paths import HostPaths
 from efa_plugin import cli as efa_cli
 from efa_plugin.discovery import EfaInventory
 from efa_plugin.discovery import discover as discover_efa
 from efa_plugin.metrics import EfaMetrics
 from efa_plugin.policy import EfaPolicy
+from neuron_dra import DRA_DRIVER_NAME as NEURON_DRA
 from neuron_dra.deviceplugin import cli as neuron_cli
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.node import NeuronNode
@@ -50,7 +53,7 @@ from neuron_dra.deviceplugin.policy import NeuronCorePolicy, NeuronDevicePolicy
 from neuron_dra.discovery import NeuronInventory
 from neuron_dra.discovery import discover as discover_neuron
 from neuron_dra.dra import cli as dra_cli
-from neuron_dra.dra.attributes import slice_devices
+from neuron_dra.dra.attributes import device_name, slice_devices
 from neuron_dra.health import assess
 
 EFA_HOST = "p4d.24xlarge"  # 4 EFAs next to 8 GPUs
@@ -386,7 +389,8 @@ def check_neuron(base: Pristine, root: Path, muts: list[Mutation]) -> None:
         NeuronDevicePolicy(node).devices()
         NeuronCorePolicy(node).devices()
         exposition(NeuronMetrics(node).produce)
-        devices = slice_devices(inv, "0.1.0", assess(inv))
+        devices = tainted(NEURON_DRA, slice_devices(inv, "0.1.0"),  # as the service publishes them
+                          {device_name(i): h for i, h in assess(inv).items()})
         validate_devices(devices)  # a host file never makes the pool unpublishable
         json.dumps([s.to_dict() for s in build_slices("neuron.aws.com", "node-1", devices)])
         discover_efa(paths)  # the EFA plugin runs on Trainium nodes too

@@ -11,17 +11,20 @@ from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
-from accel_core.dra.slices import (
+from accel_core.dra.devices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     SliceDevice,
     SliceValidationError,
     Version,
-    build_slices,
     validate_devices,
 )
+from accel_core.dra.profile import tainted
+from accel_core.dra.publisher import build_slices
 from accel_core.paths import HostPaths
+from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
+from neuron_dra.dra.profile import NeuronProfile
 from neuron_dra.health import assess
 
 NEURON_TYPES = [t for t in catalog.names() if catalog.get(t).neuron is not None]
@@ -97,7 +100,7 @@ def test_the_tables_are_the_one_copy_and_the_catalog_must_fit_them(tmp_path: Pat
 @pytest.mark.parametrize("instance_type", NEURON_TYPES)
 def test_every_catalog_type_publishes_valid_devices(tmp_path: Path, instance_type: str) -> None:
     inv = _inventory(instance_type)
-    devices = slice_devices(inv, "0.1.0", assess(inv))
+    devices = slice_devices(inv, "0.1.0")
     validate_devices(devices)  # raises on any limit
     spec = neuron_spec(instance_type)
     assert [d.name for d in devices] == [f"neuron-device-{i}" for i in range(len(spec.devices))]
@@ -136,12 +139,12 @@ def test_unhealthy_devices_are_tainted(tmp_path: Path) -> None:
     host = copy_host(tmp_path, "trn1.32xlarge")
     host.remove_neuron(3)
     host.set_neuron_counter(5, "stats/hardware/mem_ecc_uncorrected/total", 2)
-    inv = discover(HostPaths(host_root=tmp_path))
-    cond = assess(inv)
-    assert (cond[3].healthy, cond[3].reason) == (False, "DeviceMissing")
-    assert (cond[5].healthy, cond[5].reason) == (False, "UncorrectedErrors")
-    assert cond[0].healthy
-    devices = {d.name: d for d in slice_devices(inv, "0.1.0", cond)}
+    scan = NeuronProfile().scan(HostPaths(host_root=tmp_path), "0.1.0")
+    cond = scan.health
+    assert (cond["neuron-device-3"].healthy, cond["neuron-device-3"].reason) == (False, "DeviceMissing")
+    assert (cond["neuron-device-5"].healthy, cond["neuron-device-5"].reason) == (False, "UncorrectedErrors")
+    assert cond["neuron-device-0"].healthy
+    devices = {d.name: d for d in tainted(DRA_DRIVER_NAME, scan.devices, cond)}  # what the service publishes
     assert [(t.key, t.value, t.effect) for t in devices["neuron-device-3"].taints] == [
         (UNHEALTHY_TAINT_KEY, "DeviceMissing", "NoSchedule")]
     assert devices["neuron-device-5"].taints[0].value == "UncorrectedErrors"

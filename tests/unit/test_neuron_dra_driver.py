@@ -14,7 +14,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from cdi_schema import assert_valid_cdi_spec
+from cdi_oracle import assert_cdi_accepts
+from dracalls import plugin_prepare, prepare, prepare_one, unprepare_one
 from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
@@ -99,15 +100,18 @@ class Rig:
         self.orphans = self.driver.remove_orphan_specs()  # as the service does at start
 
     def prepare(self, ref: ClaimRef) -> Any:
-        return asyncio.run(self.driver.prepare(ref))
+        """Prepare; then containerd's CDI library must load the whole CDI root and resolve every returned ID."""
+        devices = prepare_one(self.driver, ref)
+        assert_cdi_accepts(self.paths.cdi_root, [i for d in devices for i in d.cdi_device_ids])
+        return devices
 
     def unprepare(self, ref: ClaimRef) -> None:
-        asyncio.run(self.driver.unprepare(ref))
+        unprepare_one(self.driver, ref)
 
     def spec(self, uid: str) -> dict[str, Any]:
         data = self.cdi.read(uid)
         assert data is not None, f"no CDI spec for {uid}"
-        assert_valid_cdi_spec(data)
+        assert_cdi_accepts(self.paths.cdi_root)
         return data
 
 
@@ -602,7 +606,7 @@ def test_batch_prepares_each_claim_like_one_at_a_time(rig: Rig) -> None:
     """One request with several claims: each gets its own devices and CDI spec and a completed checkpoint entry,
     every claim is read once, and a duplicate UID in the request gets one answer."""
     refs = [rig.reader.add(make_claim(f"u-b{i}", [i])) for i in range(4)]
-    out = asyncio.run(rig.driver.prepare_batch([*refs, refs[0]]))
+    out = prepare(rig.driver, [*refs, refs[0]])
     assert set(out) == {r.uid for r in refs}
     assert rig.reader.reads == 4
     for i, ref in enumerate(refs):
@@ -619,7 +623,7 @@ def test_batch_refuses_a_device_claimed_earlier_in_the_same_request(rig: Rig) ->
     first = rig.reader.add(make_claim("u-first", [3, 4]))
     second = rig.reader.add(make_claim("u-second", [4]))
     bad = rig.reader.add(make_claim("u-bad", [2], pool="other-node"))
-    out = asyncio.run(rig.driver.prepare_batch([first, second, bad]))
+    out = prepare(rig.driver, [first, second, bad])
     assert not isinstance(out[first.uid], Exception)
     assert isinstance(out[second.uid], ClaimError) and "neuron-device-4" in str(out[second.uid])
     assert "u-first" in str(out[second.uid])
@@ -633,7 +637,7 @@ def test_batch_through_the_plugin_answers_every_claim(rig: Rig) -> None:
     good = rig.reader.add(make_claim("u-p1", [5]))
     clash = rig.reader.add(make_claim("u-p2", [5]))
     plugin = DraPlugin(rig.driver, rig.paths)
-    out = asyncio.run(plugin.prepare_claims([good, clash]))
+    out = asyncio.run(plugin_prepare(plugin, [good, clash]))
     assert out[good.uid][1] == "" and [d.device for d in out[good.uid][0]] == ["neuron-device-5"]
     assert out[clash.uid][0] == [] and "already prepared for claim" in out[clash.uid][1]
 
@@ -664,7 +668,7 @@ def test_a_claim_the_other_pod_unprepared_after_the_reads_is_read_under_the_lock
     new.prepare(ref)
     old.unprepare(ref)  # the new pod's memory still holds u-1 as prepared
     reads = new.reader.reads
-    out = asyncio.run(DraPlugin(new.driver, new.paths).prepare_claims([ref]))
+    out = asyncio.run(plugin_prepare(DraPlugin(new.driver, new.paths), [ref]))
     assert out["u-1"][1] == "" and [d.device for d in out["u-1"][0]] == ["neuron-device-2"]
     assert new.reader.reads == reads + 1 and new.cdi.exists("u-1")
     assert CheckpointFile(new.store.path).load().claims.keys() == {"u-1"}

@@ -6,7 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+from accel_core.devtools.polling import until
 from accel_core.healthpoll import FilePoller, PollTimer
+from accel_core.watch import EVENT, STOP, wake
+from neuron_dra.deviceplugin import podresources
 from neuron_dra.deviceplugin.podresources import PodResourcesPoller
 from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
 
@@ -121,35 +126,65 @@ def test_idle_interval_is_never_shorter_than_the_busy_one() -> None:
     assert asyncio.run(make()).next_interval() == 5.0
 
 
-def test_an_allocate_ends_only_an_idle_wait() -> None:
-    """kick() is how an Allocate reaches the poller: it must end a 30 s idle wait, and cost nothing while the
-    poller already lists at the fast pace."""
-    async def scenario() -> tuple[float, float]:
+class RecordedWakes:
+    """Stands in for the poller module's ``wake``: records each wait's timeout as it starts and its result."""
+
+    def __init__(self) -> None:
+        self.started: list[float | None] = []
+        self.results: list[str] = []
+
+    async def __call__(self, stop: asyncio.Event, event: asyncio.Event | None = None, *,
+                       timeout: float | None = None) -> str:
+        self.started.append(timeout)
+        result = await wake(stop, event, timeout=timeout)
+        self.results.append(result)
+        return result
+
+
+async def _loop_turns(count: int) -> None:
+    """Let the event loop run ``count`` times (a woken wait returns within a few turns)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+def _run_kicked(monkeypatch: pytest.MonkeyPatch, held: dict[str, list[str]]) -> RecordedWakes:
+    """Start a poller whose every List leaves ``held`` in use, kick it once it waits after its first List, and
+    stop it once the wait has ended or has had many loop turns to; the waits it made."""
+    waits = RecordedWakes()
+    monkeypatch.setattr(podresources, "wake", waits)
+
+    async def scenario() -> None:
         usage = UsageTracker()
-        poller = PodResourcesPoller(Path("/nonexistent/kubelet.sock"), usage, lambda: None, interval=0.05,
+        poller = PodResourcesPoller(Path("/nonexistent/kubelet.sock"), usage, lambda: None, interval=10.0,
                                     idle_interval=30.0)
-        usage.apply_list({})  # the List fails (no socket) but the tracker says: nothing held
-        stop = asyncio.Event()
-        calls: list[float] = []
         real_poll = poller.poll_once
 
-        async def counting() -> bool:
-            calls.append(asyncio.get_running_loop().time())
-            await real_poll()
-            usage.apply_list({})  # keep "nothing held" (the failed List marked it unknown)
+        async def poll() -> bool:
+            await real_poll()  # fails (no socket) and marks the usage unknown: set what the test wants
+            usage.apply_list(held)
             return True
 
-        poller.poll_once = counting  # type: ignore[method-assign]
+        poller.poll_once = poll  # type: ignore[method-assign]
+        stop = asyncio.Event()
         task = asyncio.create_task(poller.run(stop))
-        while not calls:
-            await asyncio.sleep(0.01)
-        kicked = asyncio.get_running_loop().time()
-        poller.kick()  # an Allocate during the idle wait
-        while len(calls) < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: waits.started, "the poller's first wait")
+        poller.kick()  # an Allocate
+        for _ in range(50):
+            await _loop_turns(1)
+            if waits.results:
+                break
         stop.set()
         await asyncio.wait_for(task, 5)
-        return kicked, calls[1]
 
-    kicked, next_list = asyncio.run(scenario())
-    assert next_list - kicked < 5.0, "the Allocate ended the 30 s idle wait"
+    asyncio.run(scenario())
+    return waits
+
+
+def test_an_allocate_ends_only_an_idle_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kick() is how an Allocate reaches the poller: it must end a 30 s idle wait (then the poller follows at the
+    fast pace), and wake nothing while the poller already lists at the fast pace."""
+    idle = _run_kicked(monkeypatch, {})
+    assert idle.started[0] == 30.0 and idle.results[0] == EVENT, "the Allocate ended the idle wait"
+    assert idle.started[1] == 10.0, "then the fast pace, to see the new container's devices"
+    busy = _run_kicked(monkeypatch, {NEURONCORE: ["4"]})
+    assert busy.started == [10.0] and busy.results == [STOP], "the fast-pace wait ran on until stop"

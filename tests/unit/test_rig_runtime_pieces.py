@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from accel_core.devtools.containerdnode import RuntimeBinaries, containerd_config, device_nodes, node_ip
-from accel_core.devtools.controlplane import ProcessRecord, process_start_ticks, recorded_process
+from accel_core.devtools.controlplane_processes import ProcessRecord, process_start_ticks, recorded_process
 from accel_core.devtools.kubeletnode import pod_log_lines
 from accel_core.fakehost import build_host
 

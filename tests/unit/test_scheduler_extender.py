@@ -133,6 +133,19 @@ def test_explain_names_the_missing_set() -> None:
     assert "[1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14]" in text
 
 
+@pytest.mark.parametrize(("limit", "count"), [("4", 4), ("4000m", 4), ("1k", 1000), ("16e0", 16), (8, 8)])
+def test_requests_are_kubernetes_quantities(limit: Any, count: int) -> None:
+    # the API server keeps a quantity's format (1k stays 1k); extended resources only have to be whole numbers
+    assert [r.count for r in pod_info(pod("p", {NEURON: limit})).requests] == [count]
+
+
+@pytest.mark.parametrize("limit", ["4.5", "1Ki1", " 4", "\u0664", "1e4", pytest.param("9" * 5000, id="5000-digits"),
+                                   pytest.param(10**5000, id="5000-digit-int")])
+def test_requests_that_are_not_whole_counts_are_refused(limit: Any) -> None:
+    with pytest.raises(BadInput, match=f"container c {NEURON} must be a whole number of at most 4096"):
+        pod_info(pod("p", {NEURON: limit}))
+
+
 @pytest.mark.parametrize("body, message", [
     ([], "JSON object"),
     ({"Pod": "x", "Nodes": {"items": []}}, "pod must be a JSON object"),

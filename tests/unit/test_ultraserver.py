@@ -15,25 +15,20 @@ import json
 from pathlib import Path
 
 import pytest
+from dracalls import configs
 from hostcache import copy_host, shared_host
 
 from accel_core.awsfacts.ultraserver import UltraServerIds, fake_ids, node_labels
 from accel_core.dra.config import OpaqueEntry
-from accel_core.dra.slices import (
-    CounterSet,
-    SliceDevice,
-    SliceValidationError,
-    build_slices,
-    spec_key,
-    validate_devices,
-)
+from accel_core.dra.devices import CounterSet, SliceDevice, SliceValidationError, validate_devices
+from accel_core.dra.publisher import build_slices, spec_key
 from accel_core.dra.types import ClaimError
 from accel_core.fakehost import FakeHost, FakeHostError, build_host, cli
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin.listing import inventory_report, inventory_table
 from neuron_dra.discovery import discover
 from neuron_dra.dra import cli as dra_cli
-from neuron_dra.dra.config import NeuronConfig, configs_for_requests
+from neuron_dra.dra.config import NeuronConfig
 from neuron_dra.dra.profile import NeuronProfile
 
 CLASS = "sys/class/neuron_device"
@@ -213,7 +208,7 @@ def test_both_config_kinds_apply_to_one_request() -> None:
     entries = [OpaqueEntry("FromClaim", ("node",), "neuron.aws.com", us_config(4)),
                OpaqueEntry("FromClaim", ("node",), "neuron.aws.com",
                            {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1})]
-    assert configs_for_requests(entries, ["node"]) == {"node": NeuronConfig(1, 4)}
+    assert configs(NeuronProfile(), entries, ["node"]) == {"node": NeuronConfig(1, 4)}
 
 
 @pytest.mark.parametrize(("node", "mode", "env"), [

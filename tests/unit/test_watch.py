@@ -62,18 +62,25 @@ def test_rearms_after_the_watched_directory_is_deleted_and_recreated(tmp_path: P
 
 def test_a_change_before_the_watches_exist_is_not_lost(tmp_path: Path) -> None:
     """A daemon reads the host, then arms its watches: a device that appeared in between raised no event it could
-    see. The first wake-up comes at once after arming, not a rescan interval later."""
+    see. A consumer that re-reads on every wake-up (as the daemons do) sees it at its first wake-up, right after
+    arming: not at an event (there is none) nor a rescan (an hour away)."""
     state = tmp_path / "state"
     state.write_text("absent\n")
 
-    async def scenario() -> None:
-        first_read = state.read_text()
-        state.write_text("present\n")  # between the first read and the arming
+    async def scenario() -> list[tuple[str, str]]:
+        seen = state.read_text()  # the daemon's first read of the host
+        state.write_text("present\n")  # the change, before any watch exists
+        woken: list[tuple[str, str]] = []
+        stop = asyncio.Event()
         async with ChangeWatcher(lambda: [tmp_path], rescan_interval=3600, debounce=0.01, depth=0) as watcher:
-            assert await asyncio.wait_for(watcher.next_change(), 2) == "armed"
-        assert (first_read, state.read_text()) == ("absent\n", "present\n")
+            async for reason in watcher.changes(stop):
+                seen = state.read_text()
+                woken.append((reason, seen))
+                if seen == "present\n":
+                    stop.set()
+        return woken
 
-    asyncio.run(scenario())
+    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [("armed", "present\n")]
 
 
 def test_wake_says_what_happened() -> None:

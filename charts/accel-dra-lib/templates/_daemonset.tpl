@@ -1,41 +1,44 @@
-{{- if .Values.draDriver.enabled }}
-{{- $c := .Values.draDriver }}
-{{- $name := printf "%s-dra-driver" (include "efa.fullname" .) }}
-{{- $kubelet := trimSuffix "/" .Values.kubeletRootDir }}
-{{- $devicePlugins := trimSuffix "/" .Values.devicePluginsDir }}
+{{/* The kubelet-plugin DaemonSet of one DRA driver. Call with (dict "root" $ "d" DRIVER), see _driver.tpl. */}}
+{{- define "accel-dra.daemonSet" -}}
+{{- $c := .d.config }}
+{{- $pod := .d.pod }}
+{{- $root := .root }}
+{{- $kubelet := include "accel-dra.kubeletRoot" . }}
+{{- $devicePlugins := include "accel-dra.devicePluginsDir" . }}
 {{- $cdi := trimSuffix "/" $c.cdiRootDir }}
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
-  name: {{ $name }}
-  namespace: {{ include "efa.namespace" . }}
+  name: {{ .d.names.daemonSet }}
+  namespace: {{ .d.namespace }}
   labels:
-    {{- include "efa.labels" . | nindent 4 }}
-    name: {{ $name }}
+    {{- .d.labels | nindent 4 }}
+    {{- .d.selectorLabels | nindent 4 }}
 spec:
   selector:
     matchLabels:
-      name: {{ $name }}
+      {{- .d.selectorLabels | nindent 6 }}
   updateStrategy:
     {{- toYaml $c.updateStrategy | nindent 4 }}
   template:
     metadata:
       labels:
-        {{- include "efa.labels" . | nindent 8 }}
-        name: {{ $name }}
-        app.kubernetes.io/name: aws-efa-k8s-device-plugin
-        app.kubernetes.io/component: dra-driver
-        {{- with .Values.podLabels }}
+        {{- .d.labels | nindent 8 }}
+        {{- .d.selectorLabels | nindent 8 }}
+        {{- with .d.extraPodLabels }}
+        {{- . | nindent 8 }}
+        {{- end }}
+        {{- with $pod.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- with .Values.podAnnotations }}
+      {{- with $pod.podAnnotations }}
       annotations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
     spec:
-      serviceAccountName: {{ $name }}
+      serviceAccountName: {{ .d.names.serviceAccount }}
       enableServiceLinks: false
-      priorityClassName: {{ .Values.priorityClassName }}
+      priorityClassName: {{ $pod.priorityClassName }}
       hostNetwork: {{ $c.hostNetwork }}
       {{- if $c.hostNetwork }}
       dnsPolicy: ClusterFirstWithHostNet
@@ -43,25 +46,25 @@ spec:
       securityContext:
         seccompProfile:
           type: RuntimeDefault
-      {{- with .Values.imagePullSecrets }}
+      {{- with $root.Values.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with .Values.tolerations }}
+      {{- with $pod.tolerations }}
       tolerations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with .Values.nodeSelector }}
+      {{- with $pod.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       affinity:
-        {{- include "efa.affinity" . | nindent 8 }}
+        {{- include "accel-dra.affinity" . | nindent 8 }}
       containers:
-        - name: efa-dra-driver
-          image: {{ include "efa.image" . }}
-          imagePullPolicy: {{ .Values.image.pullPolicy }}
-          command: ["efa-dra-driver", "serve"{{ include "efa.fakeHostArgs" $ }}]
+        - name: {{ .d.names.container }}
+          image: {{ .d.image }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          command: [{{ .d.command | quote }}, "serve"{{ include "accel-dra.fakeHostArgs" . }}]
           {{- with $c.extraArgs }}
           args:
             {{- toYaml . | nindent 12 }}
@@ -71,6 +74,19 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: spec.nodeName
+            - name: KUBELET_ROOT
+              value: {{ $kubelet | quote }}
+            - name: DEVICE_PLUGINS_DIR
+              value: {{ $devicePlugins | quote }}
+            - name: LOG_LEVEL
+              value: {{ $root.Values.logLevel | quote }}
+            - name: LOG_FORMAT
+              value: {{ $root.Values.logFormat | quote }}
+            - name: METRICS_PORT
+              value: {{ ternary $c.metrics.port 0 $c.metrics.enabled | quote }}
+            {{- if $c.metrics.enabled }}
+            {{- include "accel-dra.metricsAddressEnv" $c.metrics.address | nindent 12 }}
+            {{- end }}
             # Publish the ResourceSlices once the kubelet has registered the plugin (at most 30 s later): a pod
             # placed here before that would fail its prepare and wait for the kubelet's retry.
             - name: REGISTRATION_WAIT
@@ -80,10 +96,6 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.uid
-            - name: KUBELET_ROOT
-              value: {{ $kubelet | quote }}
-            - name: DEVICE_PLUGINS_DIR
-              value: {{ $devicePlugins | quote }}
             - name: CDI_ROOT
               value: {{ $cdi | quote }}
             - name: KUBELET_REGISTRAR_DIRECTORY_PATH
@@ -96,15 +108,6 @@ spec:
               value: {{ ternary "on" "off" $c.deviceStatus | quote }}
             - name: UNHEALTHY_TAINT_EFFECT
               value: {{ $c.unhealthyTaintEffect | quote }}
-            - name: LOG_LEVEL
-              value: {{ .Values.logLevel | quote }}
-            - name: LOG_FORMAT
-              value: {{ .Values.logFormat | quote }}
-            - name: METRICS_PORT
-              value: {{ ternary $c.metrics.port 0 $c.metrics.enabled | quote }}
-            {{- if $c.metrics.enabled }}
-            {{- include "efa.metricsAddressEnv" $c.metrics.address | nindent 12 }}
-            {{- end }}
             {{- with $c.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -123,12 +126,15 @@ spec:
               service: liveness
             {{- toYaml $c.livenessProbe | nindent 12 }}
           securityContext:
-            {{- toYaml .Values.securityContext | nindent 12 }}
+            {{- toYaml $pod.securityContext | nindent 12 }}
           resources:
             {{- toYaml $c.resources | nindent 12 }}
+          {{- with .d.terminationMessagePath }}
+          terminationMessagePath: {{ . }}
+          {{- end }}
           terminationMessagePolicy: FallbackToLogsOnError
           volumeMounts:
-            # Registration socket (efa.aws.com-<pod uid>-reg.sock) that the kubelet's plugin watcher finds.
+            # Registration socket (<driver>-<pod uid>-reg.sock) that the kubelet's plugin watcher finds.
             - name: plugins-registry
               mountPath: {{ $kubelet }}/plugins_registry
             # DRA gRPC socket, checkpoint.
@@ -137,18 +143,21 @@ spec:
             # CDI specs written at prepare time and read by the container runtime.
             - name: cdi
               mountPath: {{ $cdi }}
-            # Read-only look for a running EFA device plugin: the driver refuses to publish devices that the device
-            # plugin already advertises on this node.
+            # Read-only look for a running device plugin of the same hardware: the driver refuses to publish devices
+            # that the device plugin already advertises on this node.
             - name: device-plugins
               mountPath: {{ $devicePlugins }}
               readOnly: true
-            # The uverbs device nodes (and rdma_cm) the CDI specs name (EFA sysfs is visible without a mount).
-            - name: infiniband
-              mountPath: /dev/infiniband
+            {{- range .d.hostMounts }}
+            - name: {{ .name }}
+              mountPath: {{ .mountPath }}
+              {{- if .readOnly }}
               readOnly: true
+              {{- end }}
+            {{- end }}
             - name: tmp
               mountPath: /tmp
-            {{- include "efa.fakeHostMount" $ | nindent 12 }}
+            {{- include "accel-dra.fakeHostMount" . | nindent 12 }}
       volumes:
         - name: plugins-registry
           hostPath:
@@ -165,14 +174,15 @@ spec:
         - name: device-plugins
           hostPath:
             path: {{ $devicePlugins }}
-            type: DirectoryOrCreate
-        # Created empty where the EFA driver is not loaded yet, so the pod starts and the driver waits for devices.
-        - name: infiniband
+            type: {{ .d.devicePluginsDirType }}
+        {{- range .d.hostMounts }}
+        - name: {{ .name }}
           hostPath:
-            path: /dev/infiniband
-            type: DirectoryOrCreate
+            path: {{ .hostPath }}
+            type: {{ .type }}
+        {{- end }}
         - name: tmp
           emptyDir:
             sizeLimit: 64Mi
-        {{- include "efa.fakeHostVolume" $ | nindent 8 }}
+        {{- include "accel-dra.fakeHostVolume" . | nindent 8 }}
 {{- end }}

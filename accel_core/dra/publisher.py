@@ -18,8 +18,7 @@ line with that and nothing else:
 - an API server that silently drops fields (device taints behind a disabled feature gate) is detected by
   comparing what it returned with what was sent. Taints then fall back to leaving the tainted devices
   (NoSchedule/NoExecute) out of the slice; other dropped fields are logged once and accepted.
-
-Limits are checked locally before anything is sent (:func:`validate_devices`); errors name the device.
+The devices themselves, and their checks, are :mod:`accel_core.dra.devices`.
 """
 
 from __future__ import annotations
@@ -30,10 +29,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import httpx2
@@ -47,6 +43,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accel_core.backoff import Backoff, wait_or_stop
+from accel_core.dra.devices import CounterSet, SliceDevice, quantity_value, validate_devices
 from accel_core.logs import kv
 from accel_core.watch import STOP, TASK, wake
 
@@ -54,215 +51,8 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
-MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MAX_ATTRIBUTE_STRING = 64
-MAX_TAINTS_PER_DEVICE = 4
-TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
-INT64_MAX = 2**63 - 1
-
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
-)
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
-_SUFFIX_VALUE = {
-    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
-_BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
 
 
-class SliceValidationError(ValueError):
-    """A device would break a resource.k8s.io/v1 limit; the message names the device and the field."""
-
-
-@dataclass(frozen=True)
-class Version:
-    """A ``version`` attribute (semantic version 2.0.0)."""
-
-    value: str
-
-
-AttributeValue = bool | int | str | Version
-
-
-@dataclass(frozen=True)
-class Taint:
-    """A device taint; ``effect`` is NoSchedule, NoExecute or None."""
-
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
-
-
-@dataclass(frozen=True)
-class CounterSet:
-    """Counters that devices of the pool share (partitionable devices): a device is allocatable only while what it
-    consumes is left, so two devices that consume the same counter in full exclude each other."""
-
-    name: str
-    counters: Mapping[str, int]
-
-    def to_api(self) -> api.CounterSet:
-        return api.CounterSet(name=self.name, counters=_counters(self.counters))
-
-
-@dataclass(frozen=True)
-class SliceDevice:
-    """One device as the driver wants it published. Capacity values are ints or Kubernetes quantity strings."""
-
-    name: str
-    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
-    capacity: Mapping[str, int | str] = field(default_factory=dict)
-    taints: tuple[Taint, ...] = ()
-    consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """Shared counters this device uses up while allocated: counter set -> counter -> amount."""
-
-    def to_api(self) -> api.Device:
-        return api.Device(
-            name=self.name,
-            attributes={k: _attribute(v) for k, v in sorted(self.attributes.items())} or None,
-            capacity={k: api.DeviceCapacity(value=quantity(v)) for k, v in sorted(self.capacity.items())} or None,
-            consumesCounters=[api.DeviceCounterConsumption(counterSet=cs, counters=_counters(used))
-                              for cs, used in sorted(self.consumes.items())] or None,
-            taints=[api.DeviceTaint(key=t.key, value=t.value or None, effect=t.effect) for t in self.taints] or None)
-
-
-def _attribute(value: AttributeValue) -> api.DeviceAttribute:
-    if isinstance(value, bool):
-        return api.DeviceAttribute(bool=value)
-    if isinstance(value, int):
-        return api.DeviceAttribute(int=value)
-    if isinstance(value, Version):
-        return api.DeviceAttribute(version=value.value)
-    return api.DeviceAttribute(string=value)
-
-
-def _counters(counters: Mapping[str, int]) -> dict[str, api.Counter]:
-    return {c: api.Counter(value=quantity(v)) for c, v in sorted(counters.items())}
-
-
-def quantity(value: int | str) -> str:
-    """A quantity string; ints that are exact multiples of 1024 use the binary suffix (``96Gi``)."""
-    if isinstance(value, str):
-        return value
-    for i, suffix in enumerate(_BINARY_SUFFIXES):
-        unit = 1024 ** (len(_BINARY_SUFFIXES) - i)
-        if value and value % unit == 0:
-            return f"{value // unit}{suffix}"
-    return str(value)
-
-
-def quantity_value(text: str) -> Decimal:
-    """The numeric value of a Kubernetes quantity string; raises ValueError for malformed ones."""
-    m = _QUANTITY.match(text.strip())
-    if not m:
-        raise ValueError(f"not a quantity: {text!r}")
-    number, suffix = m.group(1), m.group(2) or ""
-    try:
-        base = Decimal(number)
-    except InvalidOperation as exc:
-        raise ValueError(f"not a quantity: {text!r}") from exc
-    if suffix[:1] in ("e", "E"):
-        return base * Decimal(10) ** int(suffix[1:])
-    return base * _SUFFIX_VALUE[suffix]
-
-
-# -- validation ------------------------------------------------------------------------------------------------
-def _check_qualified_name(device: str, what: str, name: str) -> None:
-    domain, _, ident = name.rpartition("/")
-    if len(ident) > 32 or not _C_IDENTIFIER.match(ident):
-        raise SliceValidationError(
-            f"device {device}: {what} name {name!r}: {ident!r} must be a C identifier of at most 32 characters")
-    if "/" in name and (len(domain) > 63 or not _DNS_SUBDOMAIN.match(domain)):
-        raise SliceValidationError(
-            f"device {device}: {what} name {name!r}: domain {domain!r} must be a DNS subdomain of at most 63 "
-            "characters")
-
-
-def _check_attribute(device: str, name: str, value: AttributeValue) -> None:
-    _check_qualified_name(device, "attribute", name)
-    if isinstance(value, bool):
-        return
-    if isinstance(value, int):
-        if not -INT64_MAX - 1 <= value <= INT64_MAX:
-            raise SliceValidationError(f"device {device}: attribute {name!r}: {value} does not fit in int64")
-        return
-    text = value.value if isinstance(value, Version) else value
-    if not isinstance(text, str):
-        raise SliceValidationError(f"device {device}: attribute {name!r}: unsupported type {type(value).__name__}")
-    if len(text) > MAX_ATTRIBUTE_STRING:
-        raise SliceValidationError(f"device {device}: attribute {name!r}: value of {len(text)} characters exceeds "
-                                   f"{MAX_ATTRIBUTE_STRING}")
-    if isinstance(value, Version) and not _SEMVER.match(text):
-        raise SliceValidationError(f"device {device}: attribute {name!r}: {text!r} is not a semantic version")
-
-
-def _check_taint(device: str, taint: Taint) -> None:
-    prefix, _, name = taint.key.rpartition("/")
-    if not name or len(name) > 63 or not _LABEL_NAME.match(name) or (
-            "/" in taint.key and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
-        raise SliceValidationError(f"device {device}: taint key {taint.key!r} is not a qualified name")
-    if taint.value and (len(taint.value) > 63 or not _LABEL_NAME.match(taint.value)):
-        raise SliceValidationError(f"device {device}: taint {taint.key!r}: value {taint.value!r} is not a label "
-                                   "value (at most 63 characters)")
-    if taint.effect not in TAINT_EFFECTS:
-        raise SliceValidationError(f"device {device}: taint {taint.key!r}: effect {taint.effect!r} is not one of "
-                                   f"{', '.join(TAINT_EFFECTS)}")
-
-
-def validate_device(device: SliceDevice) -> None:
-    """Raise SliceValidationError if ``device`` breaks a resource.k8s.io/v1 limit."""
-    name = device.name
-    if len(name) > 63 or not _DNS_LABEL.match(name):
-        raise SliceValidationError(f"device {name!r}: name must be a DNS label of at most 63 characters")
-    total = len(device.attributes) + len(device.capacity)
-    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
-        raise SliceValidationError(f"device {name}: {len(device.attributes)} attributes + {len(device.capacity)} "
-                                   f"capacities = {total}, more than {MAX_ATTRIBUTES_AND_CAPACITIES}")
-    for attr, value in device.attributes.items():
-        _check_attribute(name, attr, value)
-    for cap, amount in device.capacity.items():
-        _check_qualified_name(name, "capacity", cap)
-        try:
-            ok = quantity_value(quantity(amount)) >= 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise SliceValidationError(f"device {name}: capacity {cap!r}: {amount!r} is not a non-negative quantity")
-    if len(device.taints) > MAX_TAINTS_PER_DEVICE:
-        raise SliceValidationError(f"device {name}: {len(device.taints)} taints, more than {MAX_TAINTS_PER_DEVICE}")
-    for taint in device.taints:
-        _check_taint(name, taint)
-
-
-def validate_devices(devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None:
-    """Validate every device, that names are unique within the pool, and that consumed counters exist."""
-    seen: set[str] = set()
-    known = {c.name: c.counters for c in counters}
-    for device in devices:
-        validate_device(device)
-        if device.name in seen:
-            raise SliceValidationError(f"device {device.name}: name used twice in the pool")
-        seen.add(device.name)
-        for cs, used in device.consumes.items():
-            missing = [c for c in used if c not in known.get(cs, {})]
-            if cs not in known:
-                raise SliceValidationError(f"device {device.name}: consumes counter set {cs!r}, which the pool "
-                                           "does not share")
-            if missing:
-                raise SliceValidationError(f"device {device.name}: consumes counters {', '.join(missing)} that "
-                                           f"counter set {cs!r} does not have")
-
-
-# -- building --------------------------------------------------------------------------------------------------
 def without_taints(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
     """The fallback when taints cannot be published: devices tainted NoSchedule/NoExecute are left out."""
     out = []

@@ -1,0 +1,88 @@
+{{/* Helpers of the DRA library chart. Every template takes (dict "root" $ "d" DRIVER), DRIVER being the block a
+     chart passes to "accel-dra.driver" (see _driver.tpl). Top-level values read from the chart: image.pullPolicy,
+     imagePullSecrets, kubeletRootDir, devicePluginsDir, logLevel, logFormat, nodeSelection, fakeHost.path. */}}
+
+{{- define "accel-dra.kubeletRoot" -}}
+{{ trimSuffix "/" .root.Values.kubeletRootDir }}
+{{- end }}
+
+{{- define "accel-dra.devicePluginsDir" -}}
+{{ trimSuffix "/" .root.Values.devicePluginsDir }}
+{{- end }}
+
+{{/* The pod's `affinity` if set, else a required node affinity from nodeSelection: one term per rule (terms are
+     ORed), each also excluding the listed compute types. */}}
+{{- define "accel-dra.affinity" -}}
+{{- if .d.pod.affinity -}}
+{{ toYaml .d.pod.affinity }}
+{{- else -}}
+{{- $sel := .root.Values.nodeSelection -}}
+{{- $common := list (dict "key" "kubernetes.io/os" "operator" "In" "values" (list "linux")) -}}
+{{- if $sel.excludeComputeTypes -}}
+{{- $common = append $common (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $sel.excludeComputeTypes) -}}
+{{- end -}}
+{{- $terms := list -}}
+{{- if $sel.allNodes -}}
+{{- $terms = append $terms (dict "matchExpressions" $common) -}}
+{{- else -}}
+{{- if $sel.instanceTypes -}}
+{{- $byType := dict "key" "node.kubernetes.io/instance-type" "operator" "In" "values" $sel.instanceTypes -}}
+{{- $terms = append $terms (dict "matchExpressions" (concat (list $byType) $common)) -}}
+{{- end -}}
+{{- range $sel.nodeLabels -}}
+{{- $byLabel := dict "key" .key "operator" "Exists" -}}
+{{- if .values -}}
+{{- $byLabel = dict "key" .key "operator" "In" "values" .values -}}
+{{- end -}}
+{{- $terms = append $terms (dict "matchExpressions" (concat (list $byLabel) $common)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $terms -}}
+{{- fail "nodeSelection selects no node: give nodeSelection.instanceTypes, nodeSelection.nodeLabels, or nodeSelection.allNodes=true" -}}
+{{- end -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      {{- toYaml $terms | nindent 6 }}
+{{- end -}}
+{{- end }}
+
+{{/* METRICS_ADDRESS from metrics.address: podIP and hostIP come from the downward API, anything else is literal.
+     Call with the address. */}}
+{{- define "accel-dra.metricsAddressEnv" -}}
+- name: METRICS_ADDRESS
+{{- if eq . "podIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- else if eq . "hostIP" }}
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+{{- else }}
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Fake-sysfs mode (fakeHost.path): the daemon reads that directory, a hostPath mounted read-only at the same
+     path, as its host root (--host-root) instead of /. For nodes without accelerators: tests, demos, CI. */}}
+{{- define "accel-dra.fakeHostArgs" -}}
+{{- with .root.Values.fakeHost.path }}, "--host-root", {{ . | quote }}{{ end }}
+{{- end }}
+
+{{- define "accel-dra.fakeHostMount" -}}
+{{- with .root.Values.fakeHost.path }}
+- name: fake-host
+  mountPath: {{ . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "accel-dra.fakeHostVolume" -}}
+{{- with .root.Values.fakeHost.path }}
+- name: fake-host
+  hostPath:
+    path: {{ . }}
+    type: Directory
+{{- end }}
+{{- end }}
