@@ -92,7 +92,11 @@ class Coexistence:
                 "plugin and the DRA driver would oversubscribe the same devices, so nothing is advertised until it "
                 "is removed")
 
-    def watch_paths(self, paths: HostPaths) -> list[Path]:
-        """Both directories, as files in them (the watcher then watches each directory, not a subtree)."""
-        return [paths.device_plugins_dir / self.device_plugin_sockets[0],
-                paths.plugins_registry_dir / (self.dra_driver + REG_SUFFIX)]
+    def dra_watch_path(self, paths: HostPaths) -> Path:
+        """What the DRA driver watches: the device-plugins directory, as a file in it (the watcher then watches
+        the directory, not a subtree)."""
+        return paths.device_plugins_dir / self.device_plugin_sockets[0]
+
+    def device_plugin_watch_path(self, paths: HostPaths) -> Path:
+        """What the device plugin watches: the plugins registry, as a file in it (any pod UID's socket counts)."""
+        return paths.plugins_registry_dir / (self.dra_driver + REG_SUFFIX)

@@ -5,8 +5,8 @@ A scanner owns everything both daemons of an accelerator must agree on, so neith
 - ``scan(paths)``: read the host (called off the event loop) into a :class:`HostScan`: the inventory, each
   device's health under the accelerator's one health rule, and the host problems. Devices seen earlier stay in
   the inventory when they vanish, unhealthy (:class:`SeenDevices`, the one memory of them);
-- ``watch_paths(paths, inventory)``: host paths whose changes start a rescan (a file stands for its directory),
-  the coexistence guard's two directories included;
+- ``watch_paths(paths, inventory)``: host paths whose changes start a rescan (a file stands for its directory);
+  each daemon adds the directory its side of the coexistence guard reads;
 - ``health_files(paths, inventory)``: the few files that carry health but raise no change event on real sysfs
   (port state, error counters), polled between rescans (:mod:`accel_core.healthpoll`);
 - ``udev_subsystems``: the udev subsystems whose events start a rescan on a real host;

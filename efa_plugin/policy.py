@@ -84,7 +84,8 @@ class EfaPolicy:
         self._announced_empty = not inv.devices
 
     def watch_paths(self) -> list[Path]:
-        return self.scanner.watch_paths(self.paths, self._inventory)
+        return [*self.scanner.watch_paths(self.paths, self._inventory),
+                self.scanner.coexistence.device_plugin_watch_path(self.paths)]
 
     def health_files(self) -> list[Path]:
         return self.scanner.health_files(self.paths, self._inventory)

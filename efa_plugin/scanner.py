@@ -38,10 +38,9 @@ class EfaScanner:
 
     def watch_paths(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
         """As files, so the watcher watches just their directories: the verbs class (devices come and go),
-        ``/dev/infiniband`` (device nodes), each present device's port ``state`` and the guard's directories. A few
-        dozen watches, not hundreds; anything else waits for the periodic rescan."""
-        return [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), *self.coexistence.watch_paths(paths),
-                *self.health_files(paths, inventory)]
+        ``/dev/infiniband`` (device nodes) and each present device's port ``state``. A few dozen watches, not
+        hundreds; anything else waits for the periodic rescan. Each daemon adds its side of the guard."""
+        return [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), *self.health_files(paths, inventory)]
 
     def health_files(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
         """Each present device's port ``state`` files: real sysfs raises no event when a port goes DOWN."""

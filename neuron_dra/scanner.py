@@ -70,9 +70,9 @@ class NeuronScanner:
 
     def watch_paths(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
         """The class directory, the LNC setting, each device's /dev node and counters directory (as files, so the
-        watcher watches their directories), and the guard's directories. The counters raise no event on real
-        sysfs: they are the health files, polled."""
-        out = [paths.host(CLASS_DIR), paths.host(LNC_FILE), *self.coexistence.watch_paths(paths)]
+        watcher watches their directories); each daemon adds its side of the guard. The counters raise no event on
+        real sysfs: they are the health files, polled."""
+        out = [paths.host(CLASS_DIR), paths.host(LNC_FILE)]
         for dev in inventory.devices:
             out.append(paths.host(dev.dev_node))
             out.append(paths.host(f"{CLASS_DIR}/neuron{dev.index}/stats/hardware"))

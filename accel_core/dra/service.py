@@ -157,7 +157,8 @@ class DraService:
         return await check_own_sockets(str(self.plugin.registration_socket), str(self.plugin.dra_socket))
 
     def watch_paths(self) -> list[Path]:
-        return self.profile.scanner.watch_paths(self.paths, self.inventory)
+        scanner = self.profile.scanner
+        return [*scanner.watch_paths(self.paths, self.inventory), scanner.coexistence.dra_watch_path(self.paths)]
 
     def _look(self) -> tuple[Scan[Any], str | None, list[Path]]:
         """The host scan, the guard and the health files to poll, read together in a worker thread."""

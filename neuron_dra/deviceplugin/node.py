@@ -81,7 +81,8 @@ class NeuronNode:
         self.inventory = inv
 
     def watch_paths(self) -> list[Path]:
-        return self.scanner.watch_paths(self.paths, self.inventory)
+        return [*self.scanner.watch_paths(self.paths, self.inventory),
+                self.scanner.coexistence.device_plugin_watch_path(self.paths)]
 
     def health_files(self) -> list[Path]:
         return self.scanner.health_files(self.paths, self.inventory)

@@ -134,6 +134,7 @@ def test_missing_directories_block_nothing(tmp_path: Path) -> None:
     assert EFA.dra_blocked(paths) is None and EFA.device_plugin_blocked(paths) is None
 
 
-def test_both_directories_are_watched(paths: HostPaths) -> None:
+def test_each_side_watches_the_other_ones_directory(paths: HostPaths) -> None:
     """As files in them, so a socket appearing under any name (a pod UID) wakes the other daemon."""
-    assert {p.parent for p in NEURON.watch_paths(paths)} == {paths.device_plugins_dir, paths.plugins_registry_dir}
+    assert NEURON.dra_watch_path(paths).parent == paths.device_plugins_dir
+    assert NEURON.device_plugin_watch_path(paths).parent == paths.plugins_registry_dir
