@@ -44,6 +44,7 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy
+	MYPYPATH=tests/sample_accelerator $(BIN)/mypy -p accel_sample  # the tests' third accelerator, as its own package
 
 protos: setup
 	$(BIN)/python scripts/gen_protos.py

@@ -35,7 +35,8 @@ class SaccPolicy:
         self.inventory = self.scanner.scan(self.paths).inventory
 
     def watch_paths(self) -> list[Path]:
-        return self.scanner.watch_paths(self.paths, self.inventory)
+        return [*self.scanner.watch_paths(self.paths, self.inventory),
+                self.scanner.coexistence.device_plugin_watch_path(self.paths)]
 
     def health_files(self) -> list[Path]:
         return self.scanner.health_files(self.paths, self.inventory)

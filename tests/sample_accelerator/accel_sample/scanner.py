@@ -82,8 +82,7 @@ class SaccScanner:
         return HostScan(tuple(devices), {d.id: d.health for d in devices}, tuple(problems), tuple(d.id for d in new))
 
     def watch_paths(self, paths: HostPaths, inventory: tuple[Sacc, ...]) -> list[Path]:
-        return [paths.host(f"{CLASS}/x"), paths.host("/dev/sacc0"), *self.coexistence.watch_paths(paths),
-                *self.health_files(paths, inventory)]
+        return [paths.host(f"{CLASS}/x"), paths.host("/dev/sacc0"), *self.health_files(paths, inventory)]
 
     def health_files(self, paths: HostPaths, inventory: tuple[Sacc, ...]) -> list[Path]:
         return [paths.host(f"{CLASS}/{d.id}/health") for d in inventory if d.health.reason != "DeviceMissing"]
