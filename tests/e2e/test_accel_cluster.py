@@ -41,6 +41,12 @@ def machine_state(state_dir: Path) -> tuple[list[str], list[str], dict[str, str]
     return procs, mounts, sysctls, Path("/var/lib/kubelet").exists()
 
 
+def container_cgroups() -> set[Path]:
+    """The containers' cgroups containerd made (directories under a ``k8s.io`` cgroup of the pids hierarchy); the
+    ``k8s.io`` parent itself, made by the first container on a fresh machine and left empty, is not one."""
+    return {p for p in Path("/sys/fs/cgroup/pids").glob("**/k8s.io/*") if p.is_dir()}
+
+
 def test_up_with_nodes_node_env_and_down_leave_the_machine_as_it_was(kube_binaries: Path) -> None:
     base = Path(tempfile.mkdtemp(prefix="acl-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
     state = base / "cl"
@@ -103,7 +109,7 @@ def test_containerd_node_runs_a_container_whose_log_accel_cluster_prints(kube_bi
     base = Path(tempfile.mkdtemp(prefix="acl-ctr-"))  # on disk: containerd's image layers live in the node dir
     state = base / "cl"
     before = machine_state(state)
-    cgroups_before = set(Path("/sys/fs/cgroup/pids").glob("**/k8s.io/*"))
+    cgroups_before = container_cgroups()
     try:
         up = cluster("up", "--state-dir", str(state), "--node", "c=p5.48xlarge", "--runtime", "containerd")
         assert up.returncode == 0, up.stderr
@@ -135,5 +141,5 @@ def test_containerd_node_runs_a_container_whose_log_accel_cluster_prints(kube_bi
     assert down.returncode == 0, down.stderr
     assert "containerd/c" in down.stdout, down.stdout
     assert machine_state(state) == before
-    assert set(Path("/sys/fs/cgroup/pids").glob("**/k8s.io/*")) <= cgroups_before, "container cgroups left behind"
+    assert container_cgroups() <= cgroups_before, "container cgroups left behind"
     shutil.rmtree(base, ignore_errors=True)
