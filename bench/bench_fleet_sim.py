@@ -16,24 +16,29 @@ client QPS (``--client-qps``): at their defaults (20 and 50) the claim controlle
     .venv/bin/python bench/bench_fleet_sim.py --nodes 500,5000 --mix trn2 --pods 100 --shapes ours,minimal \
         --repeat 2 --lone 40 --half-full
 
-Mixes: ``trn2`` (trn2.48xlarge, Neuron slices), ``trn2-efa`` (plus its EFA slices), ``p5`` (p5.48xlarge, EFA).
+Mixes: ``trn2`` (trn2.48xlarge, Neuron slices), ``trn2-efa`` (plus its EFA slices), ``p5`` (p5.48xlarge, EFA),
+``trn2u`` (trn2u.48xlarge in 4-node UltraServers: chips consuming the node's counters, a ``neuron_node`` device, the
+UltraServer node labels; its workload is the seed's 4-node UltraServer StatefulSet, its pods created in groups of 4
+that each carry their own ``app`` label, so each group's affinity keeps it inside one UltraServer).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods
 from fleet_lone import delete_claims, fill_half, lone_pods
-from fleet_shapes import SHAPES, NodeDevices, reshape, scan_devices
+from fleet_shapes import SHAPES, Fleet, UltraServerFleet, needed_attributes, reshape
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 from accel_core.devtools.controlplane import ControlPlane
@@ -44,28 +49,78 @@ MIXES: dict[str, tuple[str, bool, str]] = {  # instance type, EFA slices, defaul
     "trn2": ("trn2.48xlarge", False, "examples/neuron-dra/1x4-connected-neurons.yaml"),
     "trn2-efa": ("trn2.48xlarge", True, "examples/efa-dra/trn2-4-neurons-with-their-efa.yaml"),
     "p5": ("p5.48xlarge", True, "examples/efa-dra/p5-4-efa-one-pcie-root.yaml"),
+    "trn2u": ("trn2u.48xlarge", False, "examples/neuron-dra/ultraserver/4-node-ultraserver.yaml"),
 }
 DEVICE_CLASSES = {"neuron.aws.com": "neuron.aws.com", "efa.networking.k8s.aws": "efa.aws.com"}
 
 
-def publish(clients: Clients, nodes: list[str], kinds: list[NodeDevices], shape: str) -> float:
+def publish(clients: Clients, nodes: list[str], fleet: Fleet, shape: str, needed: frozenset[str]) -> float:
     """Delete all slices, then create ``shape`` of our slices for every node; seconds for the creates."""
     names = [s.metadata.name for s in clients.get().list(ResourceSlice) if s.metadata and s.metadata.name]
     parallel(lambda name: clients.get().delete(ResourceSlice, name), names)  # one DELETE COLLECTION times out at 5,000
 
     def one(node: str) -> None:
-        for kind in kinds:
-            for obj in reshape(kind.slices(node), shape):
-                clients.get().create(ResourceSlice.from_dict(obj))  # type: ignore[call-overload]
+        for obj in reshape(fleet.slices(node, int(node[-5:])), shape, needed):
+            clients.get().create(ResourceSlice.from_dict(obj))  # type: ignore[call-overload]
     return parallel(one, nodes)
 
 
-def load_template(path: Path) -> tuple[dict[str, Any], str]:
-    """The ResourceClaimTemplate of a seed example and the claim name its pod uses."""
-    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-    template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
-    pod = next(d for d in docs if d["kind"] == "Pod")
-    return template, pod["spec"]["resourceClaims"][0]["name"]
+@dataclass(frozen=True)
+class Workload:
+    """A seed example: its ResourceClaimTemplate and the pod (or StatefulSet pod template) that uses it."""
+
+    template: dict[str, Any]
+    needed: frozenset[str]
+    """The attributes its selectors and constraints read (what the minimal shape keeps)."""
+    claim: str
+    pod: dict[str, Any] | None
+    """A StatefulSet's pod template, or None for a single Pod (built by :func:`pod_manifest`)."""
+    group: int = 1
+    """Pods per group (the StatefulSet's replicas): each group gets its own ``app`` label."""
+
+    @classmethod
+    def load(cls, path: Path) -> Workload:
+        text = path.read_text()
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
+        template_text = yaml.safe_dump(template)
+        for doc in docs:
+            if doc["kind"] == "Pod":
+                return cls(template, needed_attributes(template_text), doc["spec"]["resourceClaims"][0]["name"],
+                           None)
+            if doc["kind"] == "StatefulSet":
+                pod = doc["spec"]["template"]
+                return cls(template, needed_attributes(template_text), pod["spec"]["resourceClaims"][0]["name"],
+                           pod, int(doc["spec"]["replicas"]))
+        raise ValueError(f"{path}: no Pod or StatefulSet uses its ResourceClaimTemplate")
+
+    @property
+    def name(self) -> str:
+        return str(self.template["metadata"]["name"])
+
+    def pods(self, prefix: str, count: int) -> list[dict[str, Any]]:
+        if self.pod is None:
+            return [pod_manifest(f"{prefix}-{i:05d}", self.name, self.claim) for i in range(count)]
+        if count % self.group:
+            raise ValueError(f"{count} pods: not whole groups of {self.group}")
+        app = self.pod["metadata"]["labels"]["app"]
+        out = []
+        for i in range(count):
+            own = f"{app}-g{i // self.group}"
+            pod = _relabel(copy.deepcopy(self.pod), app, own)
+            pod["metadata"]["name"] = f"{prefix}-{i:05d}"
+            pod["spec"]["terminationGracePeriodSeconds"] = 0
+            out.append(pod)
+        return out
+
+
+def _relabel(obj: Any, old: str, new: str) -> Any:
+    """``obj`` with every ``app: old`` label (the pod's own and its affinity selectors') set to ``new``."""
+    if isinstance(obj, dict):
+        return {k: (new if k == "app" and v == old else _relabel(v, old, new)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_relabel(v, old, new) for v in obj]
+    return obj
 
 
 def pod_manifest(name: str, template: str, claim: str) -> dict[str, Any]:
@@ -75,16 +130,13 @@ def pod_manifest(name: str, template: str, claim: str) -> dict[str, Any]:
                      "terminationGracePeriodSeconds": 0}}
 
 
-def run_workload(clients: Clients, ns: str, template_path: Path, pods: int, timeout: float,
+def run_workload(clients: Clients, ns: str, workload: Workload, pods: int, timeout: float,
                  scheduler_pid: int) -> dict[str, float]:
     """The seed template's pods, ``pods`` of them created at once (see :func:`fleet_common.time_pods`)."""
     client = clients.get()
     fresh_namespace(client, ns)
-    template, claim = load_template(template_path)
-    tname = template["metadata"]["name"]
-    client.create(ResourceClaimTemplate.from_dict(template), namespace=ns)  # type: ignore[call-overload]
-    return time_pods(clients, ns, [pod_manifest(f"p-{i:05d}", tname, claim) for i in range(pods)], timeout,
-                     scheduler_pid)
+    client.create(ResourceClaimTemplate.from_dict(workload.template), namespace=ns)  # type: ignore[call-overload]
+    return time_pods(clients, ns, workload.pods("p", pods), timeout, scheduler_pid)
 
 
 def clean_namespace(clients: Clients, ns: str) -> int:
@@ -116,11 +168,10 @@ def summarise(size: int, results: list[tuple[str, dict[str, float]]]) -> None:
 
 
 def lone_runs(clients: Clients, tag: str, shape: str, args: argparse.Namespace, nodes: list[str],
-              kinds: list[NodeDevices], template_path: Path) -> None:
+              fleet: Fleet, workload: Workload) -> None:
     """``--lone`` pods one at a time into the empty cluster, then (``--half-full``) into a half-full one."""
     client = clients.get()
-    template, claim = load_template(template_path)
-    tname = template["metadata"]["name"]
+    kinds = fleet.kinds(0)
     phases = ["empty"] + (["half-full"] if args.half_full else [])
     filled: set[str] = set()
     for phase in phases:
@@ -134,9 +185,8 @@ def lone_runs(clients: Clients, tag: str, shape: str, args: argparse.Namespace, 
             print(f"  {shape:20s} half-full: {len(nodes)} claims of {len(devices) // 2} devices allocated in "
                   f"{t_fill:.1f} s", flush=True)
         fresh_namespace(client, ns)
-        client.create(ResourceClaimTemplate.from_dict(template), namespace=ns)  # type: ignore[call-overload]
-        res = lone_pods(clients, ns, [pod_manifest(f"l-{i:04d}", tname, claim) for i in range(args.lone)],
-                        args.timeout)
+        client.create(ResourceClaimTemplate.from_dict(workload.template), namespace=ns)  # type: ignore[call-overload]
+        res = lone_pods(clients, ns, workload.pods("l", args.lone), args.timeout)
         taken = sum(r.device in filled for c in client.list(ResourceClaim, namespace=ns)
                     for r in ((c.status.allocation.devices.results or []) if c.status and c.status.allocation
                               and c.status.allocation.devices else []))
@@ -179,8 +229,14 @@ def main() -> int:
         print("Kubernetes binaries missing (scripts/build-kube.sh): nothing to measure")
         return 0
     instance_type, efa, default_workload = MIXES[args.mix]
-    workload = REPO / (args.workload or default_workload)
-    kinds = scan_devices(instance_type, efa=efa)
+    workload_path = REPO / (args.workload or default_workload)
+    workload = Workload.load(workload_path)
+    if args.pods % workload.group or args.prefill % workload.group:
+        parser.error(f"{workload_path.name} places pods in groups of {workload.group}: --pods and --prefill must be "
+                     "multiples of it")
+    if args.lone and workload.group > 1:
+        parser.error("--lone times single pods; the UltraServer workload places groups")
+    fleet = (UltraServerFleet if args.mix == "trn2u" else Fleet)(instance_type, efa=efa)
     qps = [f"--kube-api-qps={args.client_qps}", f"--kube-api-burst={2 * args.client_qps}"]
     with tempfile.TemporaryDirectory(prefix="fleet-sim-", dir="/tmp") as tmp, ControlPlane(
             Path(tmp) / "cp", extra_args={"kube-controller-manager": qps, "kube-scheduler": qps}) as cp:
@@ -192,14 +248,16 @@ def main() -> int:
         nodes: list[str] = []
         for size in sizes:
             new = [f"{args.mix}-{i:05d}" for i in range(len(nodes), size)]
-            t_nodes = parallel(lambda name: create_node(clients, name, instance_type, int(name[-5:])), new)
+            t_nodes = parallel(lambda name: create_node(clients, name, instance_type, int(name[-5:]),
+                                                        labels=fleet.labels(int(name[-5:]))), new)
             nodes += new
-            print(f"{size} {instance_type} nodes ({len(new)} created in {t_nodes:.1f} s); workload {workload.name}, "
-                  f"{args.pods} pods; slices per node: {', '.join(k.driver for k in kinds)}", flush=True)
+            print(f"{size} {instance_type} nodes ({len(new)} created in {t_nodes:.1f} s); workload "
+                  f"{workload_path.name}, {args.pods} pods; slices per node: {', '.join(fleet.drivers)}; the minimal "
+                  f"shape keeps {', '.join(sorted(workload.needed))}", flush=True)
             results: list[tuple[str, dict[str, float]]] = []
             for i, shape in enumerate(shapes * args.repeat):
                 tag = f"{size}-{i}"
-                t_pub = publish(clients, nodes, kinds, shape)
+                t_pub = publish(clients, nodes, fleet, shape, workload.needed)
                 time.sleep(3)  # let the scheduler's informers catch up
                 if args.prefill:
                     fill = run_workload(clients, f"fill-{tag}", workload, args.prefill, args.timeout * 10,
@@ -217,7 +275,7 @@ def main() -> int:
                 if left:
                     print(f"  warning: {left} claims of run {tag} still exist 120 s after their pods were deleted")
                 if args.lone and i < len(shapes) and shape in args.lone_shapes.split(","):
-                    lone_runs(clients, tag, shape, args, nodes, kinds, workload)
+                    lone_runs(clients, tag, shape, args, nodes, fleet, workload)
             print(f"  {size} nodes: RSS GiB: {rss_gib(cp)}; load average "
                   f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
             summarise(size, results)

@@ -22,6 +22,7 @@ from accel_core.devtools.controlplane import ControlPlane
 WORKERS = 16
 #: vCPU, memory and pods of the instance types the benchmarks use (the EC2 instance type pages)
 NODE_RESOURCES = {"trn2.48xlarge": {"cpu": "192", "memory": "2048Gi", "pods": "110"},
+                  "trn2u.48xlarge": {"cpu": "192", "memory": "2048Gi", "pods": "110"},
                   "p5.48xlarge": {"cpu": "192", "memory": "2048Gi", "pods": "110"}}
 
 
@@ -59,13 +60,14 @@ def node_labels(name: str, instance_type: str, index: int) -> dict[str, str]:
 
 
 def create_node(clients: Clients, name: str, instance_type: str, index: int, *,
-                extra: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None) -> None:
+                extra: Mapping[str, str] | None = None, annotations: Mapping[str, str] | None = None,
+                labels: Mapping[str, str] | None = None) -> None:
     """A Ready, untainted Node with no kubelet (as ``ControlPlane.create_fake_node``, on a shared client);
-    ``extra`` adds capacity/allocatable (extended resources)."""
+    ``extra`` adds capacity/allocatable (extended resources), ``labels`` labels beyond an EKS node's own."""
     client = clients.get()
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     res = {**NODE_RESOURCES[instance_type], **(extra or {})}
-    meta: dict[str, Any] = {"name": name, "labels": node_labels(name, instance_type, index)}
+    meta: dict[str, Any] = {"name": name, "labels": {**node_labels(name, instance_type, index), **(labels or {})}}
     if annotations:
         meta["annotations"] = dict(annotations)
     client.create(Node.from_dict({"metadata": meta}))  # type: ignore[call-overload]
@@ -128,12 +130,26 @@ def time_pods(clients: Clients, ns: str, pods: list[dict[str, Any]], timeout: fl
     done.wait(timeout)
     done.set()
     cpu_ms = (cpu_seconds(scheduler_pid) - cpu0) * 1e3 / max(len(scheduled), 1)
+    if len(scheduled) < len(pods):
+        print(f"  {len(pods) - len(scheduled)} pods not scheduled after {timeout:.0f} s; e.g. "
+              f"{unscheduled_reason(clients.get(), ns, scheduled)}", flush=True)
     if not scheduled:
         return {"scheduled": 0, "pods_s": 0.0, "p50": float("nan"), "p99": float("nan"), "cpu_ms": float("nan")}
     lat = sorted((scheduled[n] - created[n]) * 1e3 for n in scheduled)
     span = max(scheduled.values()) - min(created.values())
     return {"scheduled": len(scheduled), "pods_s": len(scheduled) / span, "p50": statistics.median(lat),
             "p99": percentile(lat, 0.99), "cpu_ms": cpu_ms}
+
+
+def unscheduled_reason(client: Client, ns: str, scheduled: Mapping[str, float]) -> str:
+    """The scheduler's message on the first pod of ``ns`` not in ``scheduled``."""
+    for pod in client.list(Pod, namespace=ns):
+        name = pod.metadata.name if pod.metadata else None
+        if name and name not in scheduled:
+            conds = (pod.status.conditions if pod.status else None) or []
+            why = next((f"{c.reason}: {c.message}" for c in conds if c.type == "PodScheduled"), "no condition yet")
+            return f"{name}: {why}"
+    return "(none found)"
 
 
 def delete_pods(client: Client, ns: str) -> None:

@@ -3,20 +3,22 @@
 The devices come from the drivers' own code (the profile's ``scan`` of a fake host tree of the instance type, then
 :func:`accel_core.dra.publisher.build_slices`), i.e. what ``neuron-dra-driver slices`` / ``efa-dra-driver slices``
 print. A *shape* rewrites each device of those slices: ``ours`` leaves them alone, ``minimal`` keeps only the
-attributes the workloads' selectors and constraints read, the ``no-*`` shapes drop one part of ours each, and
+attributes the workload's selectors and constraints read (:func:`needed_attributes`), the ``no-*`` shapes drop one
+part of ours each, and
 ``int-cores-memory`` / ``old-capacity`` add a Neuron device's core count and memory (catalog facts) back to ours,
 as int attributes or as the device capacity published before 0.1.0's change.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accel_core.awsfacts import catalog
+from accel_core.awsfacts import catalog, ultraserver
 from accel_core.dra.devices import CounterSet, SliceDevice
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.publisher import build_slices
@@ -26,8 +28,10 @@ from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
 
-#: What the workloads (the seed claim templates) select or constrain on.
-NEEDED = frozenset({"instanceType", "resource.aws.com/devicegroup4_id", "resource.kubernetes.io/pcieRoot"})
+#: Our drivers' attribute domains: an attribute named in one of them is published without the domain.
+DRIVER_DOMAINS = ("neuron.aws.com", "efa.aws.com")
+_CEL_ATTRIBUTE = re.compile(r"""device\.attributes\[['"]([^'"]+)['"]\]\.([A-Za-z0-9_]+)""")
+_MATCH_ATTRIBUTE = re.compile(r"""matchAttribute:\s*['"]?([A-Za-z0-9_./-]+)""")
 GROUP_IDS = tuple(f"resource.aws.com/devicegroup{n}_id" for n in (1, 8, 16))
 TOPOLOGY = ("topology4_id", "topology8_id", "topology_x", "topology_y")
 PCI = ("resource.kubernetes.io/pciBusID", "pciAddress")
@@ -35,6 +39,18 @@ DESCRIPTIVE = ("deviceId", "deviceName", "numaNode", "resourceType", "neuronDriv
                "linkLayer", "portState", "rdmaDevice", "uverbs")
 
 Device = dict[str, Any]
+
+
+def needed_attributes(template_text: str) -> frozenset[str]:
+    """The attribute names (as our slices key them) that a claim template's CEL selectors and ``matchAttribute``
+    constraints read: ``device.attributes['neuron.aws.com'].instanceType`` -> ``instanceType``,
+    ``matchAttribute: resource.aws.com/devicegroup4_id`` -> that qualified name."""
+    names = {name if domain in DRIVER_DOMAINS else f"{domain}/{name}"
+             for domain, name in _CEL_ATTRIBUTE.findall(template_text)}
+    for qualified in _MATCH_ATTRIBUTE.findall(template_text):
+        domain, _, name = qualified.rpartition("/")
+        names.add(name if domain in DRIVER_DOMAINS else qualified)
+    return frozenset(names)
 
 
 @dataclass(frozen=True)
@@ -51,29 +67,40 @@ class NodeDevices:
 
 def scan_devices(instance_type: str, *, efa: bool) -> list[NodeDevices]:
     """Our drivers' devices for a node of ``instance_type`` (Neuron if it has any, EFA when ``efa``)."""
+    return scan_devices_and_labels(instance_type, efa=efa)[0]
+
+
+def scan_devices_and_labels(instance_type: str, *, efa: bool, **host_options: Any
+                            ) -> tuple[list[NodeDevices], dict[str, str]]:
+    """:func:`scan_devices` of a fake host built with ``host_options``, and the node labels the drivers set."""
     with tempfile.TemporaryDirectory(prefix="fleet-host-") as tmp:
-        host = build_host(Path(tmp) / "host", instance_type, efa=efa)
+        host = build_host(Path(tmp) / "host", instance_type, efa=efa, **host_options)
         paths = HostPaths(host_root=host.root)
         profiles: list[DraProfile[Any, Any]] = [NeuronProfile()]
         if efa:
             profiles.append(EfaProfile())
-        out = []
+        out, labels = [], {}
         for profile in profiles:
             scan = profile.scan(paths, dra_driver_version())
+            labels.update({k: v for k, v in scan.node_labels.items() if v is not None})
             if scan.devices:
                 out.append(NodeDevices(profile.driver_name, tuple(scan.devices), tuple(scan.counters)))
-        return out
+        return out, labels
 
 
-def _drop_attrs(*names: str) -> Callable[[Device], None]:
-    def edit(dev: Device) -> None:
+Edit = Callable[[Device, frozenset[str]], None]
+"""A shape's change to one device, given the attributes the workload reads."""
+
+
+def _drop_attrs(*names: str) -> Edit:
+    def edit(dev: Device, needed: frozenset[str]) -> None:
         for name in names:
             dev.get("attributes", {}).pop(name, None)
     return edit
 
 
-def _minimal(dev: Device) -> None:
-    dev["attributes"] = {k: v for k, v in dev.get("attributes", {}).items() if k in NEEDED}
+def _minimal(dev: Device, needed: frozenset[str]) -> None:
+    dev["attributes"] = {k: v for k, v in dev.get("attributes", {}).items() if k in needed}
     dev.pop("capacity", None)
 
 
@@ -85,25 +112,25 @@ def _neuron_spec(dev: Device) -> catalog.NeuronSpec | None:
     return catalog.get(attrs["instanceType"]["string"]).neuron
 
 
-def _int_cores_memory(dev: Device) -> None:
+def _int_cores_memory(dev: Device, needed: frozenset[str]) -> None:
     spec = _neuron_spec(dev)
     if spec is not None:
         dev["attributes"]["cores"] = {"int": spec.cores_per_device}
         dev["attributes"]["memory"] = {"int": spec.memory_bytes}
 
 
-def _old_capacity(dev: Device) -> None:
+def _old_capacity(dev: Device, needed: frozenset[str]) -> None:
     spec = _neuron_spec(dev)
     if spec is not None:
         dev["capacity"] = {"cores": {"value": str(spec.cores_per_device)},
                            "memory": {"value": str(spec.memory_bytes)}}
 
 
-def _strings_only_needed(dev: Device) -> None:
-    dev["attributes"] = {k: v for k, v in dev.get("attributes", {}).items() if "string" not in v or k in NEEDED}
+def _strings_only_needed(dev: Device, needed: frozenset[str]) -> None:
+    dev["attributes"] = {k: v for k, v in dev.get("attributes", {}).items() if "string" not in v or k in needed}
 
 
-SHAPES: dict[str, Callable[[Device], None] | None] = {
+SHAPES: dict[str, Edit | None] = {
     "ours": None,
     "minimal": _minimal,
     "no-draDriverVersion": _drop_attrs("draDriverVersion"),
@@ -117,11 +144,80 @@ SHAPES: dict[str, Callable[[Device], None] | None] = {
 }
 
 
-def reshape(slices: list[dict[str, Any]], shape: str) -> list[dict[str, Any]]:
-    """Apply ``shape`` to every device of ``slices`` (in place) and return them."""
+def reshape(slices: list[dict[str, Any]], shape: str, needed: frozenset[str]) -> list[dict[str, Any]]:
+    """Apply ``shape`` to every device of ``slices`` (in place) and return them; ``needed``: the attributes the
+    workload reads (:func:`needed_attributes`)."""
     edit = SHAPES[shape]
     if edit is not None:
         for s in slices:
             for dev in s["spec"].get("devices") or []:
-                edit(dev)
+                edit(dev, needed)
     return slices
+
+
+class Fleet:
+    """The devices and UltraServer labels of node ``index`` of a fleet of one instance type. Every node of a plain
+    type has the same devices (scanned once); see :class:`UltraServerFleet`."""
+
+    def __init__(self, instance_type: str, *, efa: bool) -> None:
+        self.instance_type = instance_type
+        self._kinds = scan_devices(instance_type, efa=efa)
+
+    @property
+    def drivers(self) -> list[str]:
+        return [k.driver for k in self._kinds]
+
+    def kinds(self, index: int) -> list[NodeDevices]:
+        return self._kinds
+
+    def labels(self, index: int) -> dict[str, str]:
+        return {}
+
+    def slices(self, node: str, index: int) -> list[dict[str, Any]]:
+        return [obj for kind in self.kinds(index) for obj in kind.slices(node)]
+
+
+class UltraServerFleet(Fleet):
+    """Nodes of 4-node UltraServers: node ``index`` is node ``index % 4`` of UltraServer ``us-<index // 4>``.
+
+    Each of the four node positions is scanned once, from a fake host of UltraServer ``us-template``; for another
+    UltraServer the template's server ids are replaced, in the slices and the node labels the driver would publish,
+    by that UltraServer's (:func:`accel_core.awsfacts.ultraserver.fake_ids`, what its fake host would hold):
+    scanning a host per node would take seconds each."""
+
+    TEMPLATE = "us-template"
+
+    def __init__(self, instance_type: str, *, efa: bool) -> None:
+        self.instance_type = instance_type
+        self._positions: list[tuple[list[NodeDevices], dict[str, str]]] = []
+        for node in range(ultraserver.NODES_PER_ULTRASERVER):
+            kinds, labels = scan_devices_and_labels(instance_type, efa=efa, ultraserver_id=self.TEMPLATE,
+                                                    ultraserver_node=node)
+            self._positions.append((kinds, labels))
+        self._kinds = self._positions[0][0]
+
+    def _ids(self, index: int) -> dict[str, str]:
+        """Template server id -> this node's UltraServer's, for node ``index``."""
+        node = index % ultraserver.NODES_PER_ULTRASERVER
+        old, new = ultraserver.fake_ids(self.TEMPLATE, node), ultraserver.fake_ids(f"us-{index // 4}", node)
+        return {old.server_id_2: new.server_id_2, old.server_id_4: new.server_id_4}
+
+    def kinds(self, index: int) -> list[NodeDevices]:
+        return self._positions[index % ultraserver.NODES_PER_ULTRASERVER][0]
+
+    def labels(self, index: int) -> dict[str, str]:
+        ids = self._ids(index)
+        return {k: ids.get(v, v) for k, v in self._positions[index % ultraserver.NODES_PER_ULTRASERVER][1].items()}
+
+    def slices(self, node: str, index: int) -> list[dict[str, Any]]:
+        return _replace_strings(super().slices(node, index), self._ids(index))
+
+
+def _replace_strings(obj: Any, mapping: dict[str, str]) -> Any:
+    if isinstance(obj, dict):
+        return {k: _replace_strings(v, mapping) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_replace_strings(v, mapping) for v in obj]
+    if isinstance(obj, str):
+        return mapping.get(obj, obj)
+    return obj
