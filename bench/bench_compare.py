@@ -51,7 +51,8 @@ def compile_bytecode(tree: Path = REPO) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="Allocate and GetPreferredAllocation calls per plugin")
-    parser.add_argument("--starts", type=int, default=5, help="starts per plugin for start -> Register")
+    parser.add_argument("--starts", type=int, default=5,
+                        help="starts per plugin for start -> Register, and per DRA driver for start -> slices")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of the idle-CPU window")
     parser.add_argument("--dra-iterations", type=int, default=50, help="prepare rounds per DRA driver")
     parser.add_argument("--no-dra", action="store_true", help="device plugins only")
@@ -91,7 +92,7 @@ def run_all(args: argparse.Namespace, peers: Path, versus: tuple[Path, Versus] |
             print("Kubernetes binaries missing (scripts/build-kube.sh): DRA part skipped")
         else:
             asyncio.run(compare_dra.run(root / "dra", peers, table, iterations=args.dra_iterations, idle=args.idle,
-                                        versus=versus))
+                                        starts=args.starts, versus=versus))
         print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print(table.render())
         if versus is not None:
