@@ -19,7 +19,9 @@ client QPS (``--client-qps``): at their defaults (20 and 50) the claim controlle
 Mixes: ``trn2`` (trn2.48xlarge, Neuron slices), ``trn2-efa`` (plus its EFA slices), ``p5`` (p5.48xlarge, EFA),
 ``trn2u`` (trn2u.48xlarge in 4-node UltraServers: chips consuming the node's counters, a ``neuron_node`` device, the
 UltraServer node labels; its workload is the seed's 4-node UltraServer StatefulSet, its pods created in groups of 4
-that each carry their own ``app`` label, so each group's affinity keeps it inside one UltraServer).
+that each carry their own ``app`` label, so each group's affinity keeps it inside one UltraServer; a group is
+created once the one before is scheduled: groups created at once can start in one UltraServer and wait for each
+other forever, as several such StatefulSets applied at once would without gang scheduling).
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def run_workload(clients: Clients, ns: str, workload: Workload, pods: int, timeo
     client = clients.get()
     fresh_namespace(client, ns)
     client.create(ResourceClaimTemplate.from_dict(workload.template), namespace=ns)  # type: ignore[call-overload]
-    return time_pods(clients, ns, workload.pods("p", pods), timeout, scheduler_pid)
+    return time_pods(clients, ns, workload.pods("p", pods), timeout, scheduler_pid,
+                     batch=workload.group if workload.group > 1 else 0)
 
 
 def clean_namespace(clients: Clients, ns: str) -> int:
