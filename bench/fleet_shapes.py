@@ -126,6 +126,27 @@ def _old_capacity(dev: Device, needed: frozenset[str]) -> None:
                            "memory": {"value": str(spec.memory_bytes)}}
 
 
+#: The attributes and capacity of a device in upstream's scheduler_perf DRA ResourceSlice template
+#: (k8s.io/kubernetes v1.37.2 test/integration/scheduler_perf/dra/templates/resourceslice-basic-devices.yaml, "a
+#: decent, realistic number of attributes", modelled on a GPU); per-device values (PCI addresses) are made up here.
+UPSTREAM_BASIC_ATTRIBUTES: dict[str, dict[str, Any]] = {
+    "driver": {"string": "xe"}, "driverVersion": {"version": "1.2.3"},
+    "resource.k8s.io/pciRoot": {"string": "0"}, "family": {"string": "Arc Pro B-Series"},
+    "health": {"string": "Healthy"}, "model": {"string": "B60"}, "pciAddress": {"string": "0000:00:00.0"},
+    "pciId": {"string": "0xe211"}, "pciRoot": {"string": "00"},
+    "resource.kubernetes.io/pciBusID": {"string": "0000:00:00.0"},
+    "resource.kubernetes.io/pciRoot": {"string": "pci0000:00"}, "sriov": {"bool": True}, "type": {"string": "gpu"},
+}
+UPSTREAM_BASIC_CAPACITY = {"memory": {"value": "24480Mi"}, "millicores": {"value": "1k"}}
+
+
+def _upstream_basic(dev: Device, needed: frozenset[str]) -> None:
+    """Upstream's scheduler_perf device (13 attributes, 2 capacities) plus what the workload reads."""
+    kept = {k: v for k, v in dev.get("attributes", {}).items() if k in needed}
+    dev["attributes"] = {**{k: dict(v) for k, v in UPSTREAM_BASIC_ATTRIBUTES.items()}, **kept}
+    dev["capacity"] = {k: dict(v) for k, v in UPSTREAM_BASIC_CAPACITY.items()}
+
+
 def _strings_only_needed(dev: Device, needed: frozenset[str]) -> None:
     dev["attributes"] = {k: v for k, v in dev.get("attributes", {}).items() if "string" not in v or k in needed}
 
@@ -133,6 +154,7 @@ def _strings_only_needed(dev: Device, needed: frozenset[str]) -> None:
 SHAPES: dict[str, Edit | None] = {
     "ours": None,
     "minimal": _minimal,
+    "upstream-basic": _upstream_basic,
     "no-draDriverVersion": _drop_attrs("draDriverVersion"),
     "int-cores-memory": _int_cores_memory,
     "old-capacity": _old_capacity,
