@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
-from fleet_common import Clients, cpu_seconds, create_node, parallel, rss_gib
+from fleet_common import Clients, cpu_seconds, create_node, fleet_sizes, parallel, rss_gib
 from fleet_publishers import worker
 from lightkube.resources.resource_v1 import ResourceSlice
 
@@ -131,10 +131,7 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=4, help="worker processes the publishers are spread over")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle window")
     args = parser.parse_args()
-    try:
-        sizes = sorted(int(n) for n in args.nodes.split(","))
-    except ValueError:
-        parser.error(f"--nodes {args.nodes!r}: not a comma-separated list of integers")
+    sizes = fleet_sizes(parser, args.nodes)
     if missing_binaries(kube_bin_dir()):
         print("Kubernetes binaries missing (scripts/build-kube.sh): nothing to measure")
         return 0

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods
+from fleet_common import Clients, create_node, delete_pods, fleet_sizes, fresh_namespace, parallel, rss_gib, time_pods
 from fleet_lone import delete_claims, fill_half, lone_pods
 from fleet_shapes import SHAPES, Fleet, UltraServerFleet, needed_attributes, reshape
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
@@ -224,10 +224,7 @@ def main() -> int:
     unknown = [s for s in shapes + args.lone_shapes.split(",") if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
-    try:
-        sizes = sorted(int(n) for n in args.nodes.split(","))
-    except ValueError:
-        parser.error(f"--nodes {args.nodes!r}: not a comma-separated list of integers")
+    sizes = fleet_sizes(parser, args.nodes)
     if missing_binaries(kube_bin_dir()):
         print("Kubernetes binaries missing (scripts/build-kube.sh): nothing to measure")
         return 0

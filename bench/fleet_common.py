@@ -3,6 +3,7 @@ ones, and timing a batch of pods from create to ``PodScheduled`` on a watch."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import threading
 import time
@@ -38,6 +39,14 @@ class Clients:
         if client is None:
             client = self._local.client = Client(self._config, field_manager="bench-fleet")
         return client
+
+
+def fleet_sizes(parser: argparse.ArgumentParser, text: str) -> list[int]:
+    """``--nodes`` as ascending sizes; a parser error for anything but comma-separated integers."""
+    try:
+        return sorted(int(n) for n in text.split(","))
+    except ValueError:
+        parser.error(f"--nodes {text!r}: not a comma-separated list of integers")
 
 
 def parallel(fn: Callable[[Any], object], items: Iterable[Any]) -> float:
