@@ -12,9 +12,9 @@ grpcio's asyncio stack (1.85.3 and earlier) leaks a little native memory for eac
 freed): about half of the neuron daemon's growth in this mode (two streams per restart, 0.5 to 0.7 MB per 1,000
 restarts); bench/repro_aio_stream_cancel_leak.py shows that leak with none of the daemon's code. ``--streams-up``
 restarts only once each plugin's first device list has arrived, as a kubelet restart finds streams that have been
-up for a while: no stream then ends inside a gRPC operation, and the neuron daemon still grows by 0.2 to 0.4 MB per
-1,000 restarts (not explained yet). Either way a run can show one drop of ~0.5 MB when the allocator gives memory
-back: read the per-quarter figures, not only the total.
+up for a while: hardly any stream then ends inside a gRPC operation, and the neuron daemon still grows by 0.2 to
+0.4 MB per 1,000 restarts (not explained yet). Either way a run can show one drop of ~0.5 MB when the allocator gives
+memory back: read the per-quarter figures, not only the total.
 
 Nothing is asserted (RSS depends on the allocator and the machine); tests/component/test_kubelet_restart_objects.py
 asserts that the daemon's tasks, gRPC servers and channels and Python objects do not grow across restarts.

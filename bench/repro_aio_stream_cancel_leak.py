@@ -9,7 +9,7 @@ use (glibc mallinfo2) per cycle after a warm-up, for two clients:
 
     PYTHONPATH=. .venv/bin/python bench/repro_aio_stream_cancel_leak.py [--cycles 1500]
 
-With grpcio 1.85.3 on this project's CI machine, ``read`` keeps ~20 B/cycle and ``abrupt`` leaks ~450 B/cycle:
+With grpcio 1.85.3 on a 2-core Linux machine (glibc), ``read`` keeps ~20 B/cycle and ``abrupt`` leaks ~450 B/cycle:
 an aio batch whose awaiting task is cancelled, or which fails, never frees its ``grpc_op`` array nor releases its
 operations (grpc/grpc#43360; fixes proposed in grpc/grpc#43361 and #43409). When a grpcio release fixes it,
 ``abrupt`` falls to the level of ``read``, and so does the neuron daemon in the default mode of the benchmark.
