@@ -1,9 +1,7 @@
 """Run one or more device-plugin servers that share one host watcher.
 
 On every host change (inotify/udev event or the slow periodic rescan) the driver's ``rediscover`` re-reads the
-host in a worker thread (a scan reads hundreds of files: never on the event loop, which answers the kubelet), then
-``extra_refresh`` runs on the loop (what touches the loop's objects: Node labels, annotations), and every server
-re-reads its policy's device list and streams it if it changed. Between rescans, a fast
+host, then every server re-reads its policy's device list and streams it if it changed. Between rescans, a fast
 poll (an event-loop timer, :class:`~accel_core.healthpoll.PollTimer`) re-reads only the few files that carry
 health and have no change event on real sysfs (``health_files``); when one of them changed, that counts as a host
 change.
@@ -37,8 +35,7 @@ async def serve_device_plugins(
     health_files: Callable[[], Iterable[Path]] | None = None,
     poll_interval: float | None = None,
 ) -> None:
-    """Serve until ``stop``; ``rediscover`` (run in a worker thread, one at a time) must not raise for bad host
-    files (it logs and degrades instead) and must not touch asyncio objects; ``extra_refresh`` runs on the loop."""
+    """Serve until ``stop``; ``rediscover`` must not raise for bad host files (it logs and degrades instead)."""
     tasks = [s.start(stop) for s in servers]  # already running when started early (register_first)
     poller = FilePoller()
     if health_files is not None:
@@ -53,7 +50,7 @@ async def serve_device_plugins(
         try:
             async for reason in watcher.changes(stop, tasks=tasks):
                 try:
-                    await asyncio.to_thread(rediscover)
+                    rediscover()
                     if extra_refresh is not None:
                         extra_refresh()
                 except Exception:

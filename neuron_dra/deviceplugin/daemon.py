@@ -71,8 +71,11 @@ class NodeLabels:
         self.own = own
 
     def update(self) -> None:
-        """On the loop (``own.want`` sets asyncio events), after each rescan."""
         self.own.want(labels=ultraserver.node_labels(self.node.inventory.ultraserver))
+
+    def rediscover(self) -> None:
+        self.node.rediscover()
+        self.update()
 
 
 #: how long the Node labels wait for the first Register before starting anyway (a node without Neuron devices)
@@ -137,8 +140,7 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
     poll_task = logged_task(poller.run(stop), "PodResources poller")
     own_task = logged_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop), "Node publisher")
     try:
-        await serve_device_plugins(servers, node.rediscover, node.watch_paths, stop,
-                                   extra_refresh=_then(labelled.update, usage.publish),
+        await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
                                    rescan_interval=options.rescan_interval,
                                    udev_subsystems=node.scanner.udev_subsystems, health_files=node.health_files,
                                    poll_interval=options.health_poll_interval)
