@@ -27,7 +27,6 @@ other forever, as several such StatefulSets applied at once would without gang s
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ from typing import Any
 import yaml
 from fleet_common import Clients, create_node, delete_pods, fleet_sizes, fresh_namespace, parallel, rss_gib, time_pods
 from fleet_lone import delete_claims, fill_half, lone_pods
-from fleet_shapes import SHAPES, Fleet, UltraServerFleet, needed_attributes, reshape
+from fleet_shapes import SHAPES, Fleet, needed_attributes, replace_strings, reshape
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
 
 from accel_core.devtools.controlplane import ControlPlane
@@ -82,18 +81,16 @@ class Workload:
 
     @classmethod
     def load(cls, path: Path) -> Workload:
-        text = path.read_text()
-        docs = [d for d in yaml.safe_load_all(text) if d]
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
-        template_text = yaml.safe_dump(template)
+        needed = needed_attributes(yaml.safe_dump(template))
         for doc in docs:
             if doc["kind"] == "Pod":
-                return cls(template, needed_attributes(template_text), doc["spec"]["resourceClaims"][0]["name"],
-                           None)
+                return cls(template, needed, doc["spec"]["resourceClaims"][0]["name"], None)
             if doc["kind"] == "StatefulSet":
                 pod = doc["spec"]["template"]
-                return cls(template, needed_attributes(template_text), pod["spec"]["resourceClaims"][0]["name"],
-                           pod, int(doc["spec"]["replicas"]))
+                return cls(template, needed, pod["spec"]["resourceClaims"][0]["name"], pod,
+                           int(doc["spec"]["replicas"]))
         raise ValueError(f"{path}: no Pod or StatefulSet uses its ResourceClaimTemplate")
 
     @property
@@ -107,22 +104,12 @@ class Workload:
             raise ValueError(f"{count} pods: not whole groups of {self.group}")
         app = self.pod["metadata"]["labels"]["app"]
         out = []
-        for i in range(count):
-            own = f"{app}-g{i // self.group}"
-            pod = _relabel(copy.deepcopy(self.pod), app, own)
+        for i in range(count):  # the app label's value (the pod's and its affinity selectors') is the group's own
+            pod = replace_strings(self.pod, {app: f"{app}-g{i // self.group}"})
             pod["metadata"]["name"] = f"{prefix}-{i:05d}"
             pod["spec"]["terminationGracePeriodSeconds"] = 0
             out.append(pod)
         return out
-
-
-def _relabel(obj: Any, old: str, new: str) -> Any:
-    """``obj`` with every ``app: old`` label (the pod's own and its affinity selectors') set to ``new``."""
-    if isinstance(obj, dict):
-        return {k: (new if k == "app" and v == old else _relabel(v, old, new)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_relabel(v, old, new) for v in obj]
-    return obj
 
 
 def pod_manifest(name: str, template: str, claim: str) -> dict[str, Any]:
@@ -236,7 +223,7 @@ def main() -> int:
                      "multiples of it")
     if args.lone and workload.group > 1:
         parser.error("--lone times single pods; the UltraServer workload places groups")
-    fleet = (UltraServerFleet if args.mix == "trn2u" else Fleet)(instance_type, efa=efa)
+    fleet = Fleet.of(instance_type, efa=efa)
     qps = [f"--kube-api-qps={args.client_qps}", f"--kube-api-burst={2 * args.client_qps}"]
     with tempfile.TemporaryDirectory(prefix="fleet-sim-", dir="/tmp") as tmp, ControlPlane(
             Path(tmp) / "cp", extra_args={"kube-controller-manager": qps, "kube-scheduler": qps}) as cp:

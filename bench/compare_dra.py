@@ -49,6 +49,10 @@ class Driver:
     conn: DraConnection | None = None
     to_socket: list[float] = field(default_factory=list)
     to_slices: list[float] = field(default_factory=list)
+    one: list[float] = field(default_factory=list)
+    batch: list[float] = field(default_factory=list)
+    after_idle: list[float] = field(default_factory=list)
+    claims: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def start_to_socket(self) -> float:
@@ -57,10 +61,6 @@ class Driver:
     @property
     def start_to_slices(self) -> float:
         return statistics.median(self.to_slices)
-    one: list[float] = field(default_factory=list)
-    batch: list[float] = field(default_factory=list)
-    after_idle: list[float] = field(default_factory=list)
-    claims: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def allocated_claim(admin: Client, d: Driver, index: int) -> tuple[str, str, str]:

@@ -182,12 +182,18 @@ class Fleet:
     type has the same devices (scanned once); see :class:`UltraServerFleet`."""
 
     def __init__(self, instance_type: str, *, efa: bool) -> None:
-        self.instance_type = instance_type
         self._kinds = scan_devices(instance_type, efa=efa)
+
+    @staticmethod
+    def of(instance_type: str, *, efa: bool) -> Fleet:
+        """The fleet of ``instance_type``: in UltraServers where the catalog says its nodes form them."""
+        neuron = catalog.get(instance_type).neuron
+        cls = UltraServerFleet if neuron is not None and neuron.ultraserver else Fleet
+        return cls(instance_type, efa=efa)
 
     @property
     def drivers(self) -> list[str]:
-        return [k.driver for k in self._kinds]
+        return [k.driver for k in self.kinds(0)]
 
     def kinds(self, index: int) -> list[NodeDevices]:
         return self._kinds
@@ -210,13 +216,9 @@ class UltraServerFleet(Fleet):
     TEMPLATE = "us-template"
 
     def __init__(self, instance_type: str, *, efa: bool) -> None:
-        self.instance_type = instance_type
-        self._positions: list[tuple[list[NodeDevices], dict[str, str]]] = []
-        for node in range(ultraserver.NODES_PER_ULTRASERVER):
-            kinds, labels = scan_devices_and_labels(instance_type, efa=efa, ultraserver_id=self.TEMPLATE,
-                                                    ultraserver_node=node)
-            self._positions.append((kinds, labels))
-        self._kinds = self._positions[0][0]
+        self._positions = [scan_devices_and_labels(instance_type, efa=efa, ultraserver_id=self.TEMPLATE,
+                                                   ultraserver_node=node)
+                           for node in range(ultraserver.NODES_PER_ULTRASERVER)]
 
     def _ids(self, index: int) -> dict[str, str]:
         """Template server id -> this node's UltraServer's, for node ``index``."""
@@ -232,14 +234,16 @@ class UltraServerFleet(Fleet):
         return {k: ids.get(v, v) for k, v in self._positions[index % ultraserver.NODES_PER_ULTRASERVER][1].items()}
 
     def slices(self, node: str, index: int) -> list[dict[str, Any]]:
-        return _replace_strings(super().slices(node, index), self._ids(index))
+        return replace_strings(super().slices(node, index), self._ids(index))
 
 
-def _replace_strings(obj: Any, mapping: dict[str, str]) -> Any:
+def replace_strings(obj: Any, mapping: dict[str, str]) -> Any:
+    """A copy of the JSON-like ``obj`` with every string value that is a key of ``mapping`` replaced by its value
+    (dict keys are left alone)."""
     if isinstance(obj, dict):
-        return {k: _replace_strings(v, mapping) for k, v in obj.items()}
+        return {k: replace_strings(v, mapping) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_replace_strings(v, mapping) for v in obj]
+        return [replace_strings(v, mapping) for v in obj]
     if isinstance(obj, str):
         return mapping.get(obj, obj)
     return obj
