@@ -58,7 +58,7 @@ class SaccProfile:
             raise ClaimError(f"devices {bad} (request {request}) are not usable sacc devices of this node")
         edits = {n: ContainerEdits(device_nodes=(DeviceNode(by_id[n].node, major=by_id[n].major,
                                                             minor=by_id[n].minor),)) for n in devices}
-        env = (("SACC_VISIBLE_DEVICES", ",".join(str(by_id[n].index) for n in devices)),)
+        env = (("SACC_VISIBLE_DEVICES", ",".join(str(i) for i in sorted(by_id[n].index for n in devices))),)
         return RequestEdits(edits, ContainerEdits(env=env))
 
 

@@ -55,7 +55,7 @@ class SaccPolicy:
         bad = [i for i in ids if i not in by_id or not by_id[i].health.healthy]
         if bad:
             raise AllocationError(f"sacc devices {bad} are unknown or unhealthy")
-        devs = [by_id[i] for i in ids]
+        devs = sorted((by_id[i] for i in ids), key=lambda d: d.index)  # the kubelet's ids come in any order
         return ContainerEdits(device_nodes=tuple(DeviceNode(d.node, major=d.major, minor=d.minor) for d in devs),
                               env=(("SACC_VISIBLE_DEVICES", ",".join(str(d.index) for d in devs)),))
 
