@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -103,6 +104,7 @@ async def run(daemon: str, restarts: int, warmup: int, streams_up: bool = False,
         proc.terminate()
         proc.wait(30)
         await standin.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def main() -> None:
