@@ -2,11 +2,12 @@
 
 The daemon runs as its own process under :mod:`accel_core.devtools.heapprobe` (glibc ``mallinfo2``) against the
 kubelet stand-in, which restarts once every resource has its first device list (as a kubelet restart finds streams
-that have been up). glibc's per-thread caches are off (``glibc.malloc.tcache_count=0``): chunks cached there count
-as handed out and fill up over the first thousands of restarts, which is the allocator's bounded cache, not memory
-the program holds. What is left is what the daemon keeps per restart: +4 B measured here (bench_kubelet_restarts.py).
-A stream that gRPC abandons inside an operation (grpc/grpc#43360) costs ~400 B per restart and fails this test, as
-does any Python object kept per restart (those also fail test_kubelet_restart_objects.py).
+that have been up). glibc's per-thread caches are off (``glibc.malloc.tcache_count=0``), as the image runs every
+daemon (Dockerfile): chunks cached there count as handed out and fill up over the first thousands of restarts,
+which is the allocator's bounded cache, not memory the program holds. What is left is what the daemon keeps per
+restart: +4 B measured here (bench_kubelet_restarts.py). A stream that gRPC abandons inside an operation
+(grpc/grpc#43360) costs ~400 B per restart and fails this test, as does any Python object kept per restart (those
+also fail test_kubelet_restart_objects.py).
 """
 
 from __future__ import annotations

@@ -4,11 +4,14 @@ package listing names every Debian package and Python distribution with a versio
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
 import re
 import tarfile
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from runtime_helpers import REPO, chart_image
@@ -18,8 +21,9 @@ from accel_core.devtools.containerdnode import RuntimeBinaries
 pytestmark = pytest.mark.containerd
 
 
-def _image_files() -> tuple[dict[str, str], set[str]]:
-    """The index annotations of the archive and the set of paths in its final filesystem (whiteouts applied)."""
+@contextlib.contextmanager
+def _archive() -> Iterator[tuple[dict[str, Any], dict[str, Any], Callable[[str], bytes]]]:
+    """The index entry and manifest of the archive, and a reader of its blobs by digest."""
     archive = RuntimeBinaries.default().images / "app-current" / "image.oci.tar"
     with tarfile.open(archive) as oci:
         def blob(digest: str) -> bytes:
@@ -29,7 +33,12 @@ def _image_files() -> tuple[dict[str, str], set[str]]:
 
         index = json.loads(oci.extractfile("index.json").read())  # type: ignore[union-attr]
         (entry,) = index["manifests"]
-        manifest = json.loads(blob(entry["digest"]))
+        yield entry, json.loads(blob(entry["digest"])), blob
+
+
+def _image_files() -> tuple[dict[str, str], set[str]]:
+    """The index annotations of the archive and the set of paths in its final filesystem (whiteouts applied)."""
+    with _archive() as (entry, manifest, blob):
         paths: set[str] = set()
         for layer in manifest["layers"]:
             data = blob(layer["digest"])
@@ -45,6 +54,15 @@ def _image_files() -> tuple[dict[str, str], set[str]]:
                     else:
                         paths.add(name)
     return entry.get("annotations", {}), paths
+
+
+def test_image_turns_glibc_per_thread_malloc_caches_off() -> None:
+    """The image's environment, as the OCI config records it for every container: glibc's tunable for its
+    per-thread caches at 0 (docs/benchmarks.md, "Kubelet restarts")."""
+    with _archive() as (_, manifest, blob):
+        config = json.loads(blob(manifest["config"]["digest"]))
+    env = dict(item.split("=", 1) for item in config["config"]["Env"])
+    assert env.get("GLIBC_TUNABLES") == "glibc.malloc.tcache_count=0", env
 
 
 def test_image_is_named_as_the_charts_default_and_holds_no_build_tools() -> None:
