@@ -84,13 +84,13 @@ async def run(daemon: str, restarts: int, warmup: int, streams_up: bool = False,
         await restart(warmup)
         await asyncio.sleep(1)
         before = child.memory_info().rss
-        heaps = [sample(proc.pid, heap)]
+        heaps = [await asyncio.to_thread(sample, proc.pid, heap)]
         t0 = time.perf_counter()
         steps = [before]
         for _ in range(4):
             await restart(restarts // 4)
             steps.append(child.memory_info().rss)
-            heaps.append(sample(proc.pid, heap))
+            heaps.append(await asyncio.to_thread(sample, proc.pid, heap))
         took = time.perf_counter() - t0
         await asyncio.sleep(1)
         after = child.memory_info().rss

@@ -36,16 +36,10 @@ DAEMONS = {
 }
 
 
-def registrations(node: KubeletNode, resource: str) -> int:
-    """Registers of ``resource`` the running kubelet accepted (its own log line, after the rig's start header)."""
-    text = node.kubelet_log.read_text(errors="replace").rpartition("\n--- ")[2]
-    return text.count(f'"Got registration request from device plugin with resource" resourceName="{resource}"')
-
-
 def restart(node: KubeletNode, resources: tuple[str, ...], settle: float, timeout: float = 120.0) -> None:
     node.restart_kubelet()
     deadline = time.monotonic() + timeout
-    while not all(registrations(node, r) >= 1 for r in resources):
+    while not all(node.device_plugin_registrations(r) >= 1 for r in resources):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{resources} not registered again within {timeout} s (log {node.kubelet_log})")
         time.sleep(0.02)
@@ -81,7 +75,7 @@ def main() -> int:
             try:
                 child = psutil.Process(proc.pid)
                 deadline = time.monotonic() + 60
-                while not all(registrations(node, r) >= 1 for r in resources):
+                while not all(node.device_plugin_registrations(r) >= 1 for r in resources):
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"{script} did not register")
                     time.sleep(0.05)

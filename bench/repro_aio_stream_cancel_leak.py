@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -30,26 +29,13 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # one GOAWAY line per cycle ot
 
 import grpc  # noqa: E402
 
+from accel_core.devtools.heapprobe import heap_in_use  # noqa: E402
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # noqa: E402
 
 LIST = pb.ListAndWatchResponse(devices=[
     pb.Device(ID=f"neuroncore-{i}", health="Healthy", topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=i % 2)]))
     for i in range(128)])
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def heap_in_use() -> int:
-    """Bytes malloc has handed out and not had back (every arena, mmapped blocks included)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
 
 
 class _Plugin(pb_grpc.DevicePluginServicer):

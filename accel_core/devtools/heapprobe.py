@@ -16,11 +16,13 @@ A caller uses :func:`wrap` to build the command and :func:`sample` to take one r
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
@@ -32,11 +34,16 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def heap_in_use() -> int:
-    """Bytes malloc has handed out and not had back, in this process."""
+@functools.cache
+def _mallinfo2() -> Callable[[], _MallInfo2]:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    return libc.mallinfo2
+
+
+def heap_in_use() -> int:
+    """Bytes malloc has handed out and not had back, in this process."""
+    info = _mallinfo2()()
     return int(info.uordblks + info.hblkhd)
 
 

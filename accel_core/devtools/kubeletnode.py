@@ -331,6 +331,12 @@ class KubeletNode:
     def fakecri_log(self) -> Path:
         return self.layout.log_dir / "fakecri.log"
 
+    def device_plugin_registrations(self, resource: str) -> int:
+        """How often the running kubelet accepted a Register of ``resource``: its own log line, counted after the
+        header line this rig writes when it starts a kubelet (so an earlier kubelet run's lines do not count)."""
+        text = self.kubelet_log.read_text(errors="replace").rpartition("\n--- ")[2]
+        return text.count(f'"Got registration request from device plugin with resource" resourceName="{resource}"')
+
     def daemon_env(self, kubeconfig: Path) -> dict[str, str]:
         return self.layout.daemon_env(self.name, kubeconfig)
 

@@ -25,11 +25,9 @@ def _neurons(paths: list[str]) -> set[int]:
 
 
 def _registrations(node: RealNode, resource: str) -> int:
-    """How often the running kubelet accepted a Register of ``resource`` (its own log line, counted after the header
-    line the rig writes when it starts a kubelet), so a test can wait for the kubelet to know a new plugin process,
-    not just read an allocatable figure the old process left behind."""
-    text = node.kubelet.kubelet_log.read_text(errors="replace").rpartition("\n--- ")[2]
-    return text.count(f'"Got registration request from device plugin with resource" resourceName="{resource}"')
+    """How often the running kubelet accepted a Register of ``resource``, so a test can wait for the kubelet to know
+    a new plugin process, not just read an allocatable figure the old process left behind."""
+    return node.kubelet.device_plugin_registrations(resource)
 
 
 def test_neuron_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
