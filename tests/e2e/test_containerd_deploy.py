@@ -90,14 +90,20 @@ def _kill_container(node: RealNode, pod: dict[str, object]) -> None:
     assert out.returncode == 0, out.stderr
 
 
-def _confinement(node: RealNode, pod: dict[str, object]) -> dict[str, str]:
-    """The effective capabilities, no_new_privs, root mount mode and uid of the pod's container process, read from
-    /proc of the machine (its PID from containerd)."""
+def _container_pid(node: RealNode, pod: dict[str, object]) -> str:
+    """The machine PID of the pod's (first) container process, from containerd."""
     status = pod["status"]
     assert isinstance(status, dict)
     cid = status["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     listing = node.kubelet.containerd.ctr("tasks", "list").stdout.splitlines()
     (pid,) = [line.split()[1] for line in listing if line.startswith(cid)]
+    return pid
+
+
+def _confinement(node: RealNode, pod: dict[str, object]) -> dict[str, str]:
+    """The effective capabilities, no_new_privs, root mount mode and uid of the pod's container process, read from
+    /proc of the machine (its PID from containerd)."""
+    pid = _container_pid(node, pod)
     fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                   if ":\t" in line)
     root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
@@ -131,6 +137,9 @@ def test_efa_chart_under_containerd(kube_client: Client, helm: Helm, p5: RealNod
         # The chart's securityContext, as the kernel applies it to the daemon's process.
         confined = _confinement(p5, pod)
         assert confined == {"CapEff": "0000000000000000", "NoNewPrivs": "1", "root": "ro", "uid": "0"}, confined
+        # The image's glibc tunable reaches the daemon's own process (docs/benchmarks.md, "Kubelet restarts").
+        environ = Path(f"/proc/{_container_pid(p5, pod)}/environ").read_bytes().split(b"\0")
+        assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0" in environ, environ
         wait(lambda: allocatable(kube_client, node, "vpc.amazonaws.com/efa") == P5_EFA,
              f"vpc.amazonaws.com/efa: {P5_EFA} allocatable on {node}")
 
