@@ -16,11 +16,15 @@ each plugin's first device list has arrived, as a kubelet restart finds streams 
 down over thousands of restarts: that is glibc's per-thread cache (tcache) filling, not memory the program holds.
 Run with ``GLIBC_TUNABLES=glibc.malloc.tcache_count=0`` and it stays flat (+4 B per restart), and heaptrack, which
 sees every allocation and free, finds the same bytes in use after 100 and after 700 restarts. RSS can show one drop
-of ~0.5 MB when the allocator gives memory back: read the per-quarter figures, not only the total.
+of ~0.5 MB when the allocator gives memory back: read the per-quarter figures, not only the total. Each quarter's
+RSS change is also split by kind of mapping (heapprobe.resident_by_kind: glibc's thread arenas, thread stacks,
+malloc's main heap, other anonymous memory such as pymalloc's arenas, each file); run with the image's tunables
+(``glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2``, the Dockerfile) to see what a deployed daemon does.
 
 Nothing is asserted here; tests/component/test_kubelet_restart_objects.py asserts that the daemon's tasks, gRPC
 servers and channels and Python objects do not grow across restarts, and tests/component/test_kubelet_restart_heap.py
-that its native heap does not (tcache off, streams up). bench_real_kubelet_restarts.py does this with the real kubelet.
+that its native heap and RSS do not and that it keeps its threads (the image's tunables, streams up).
+bench_real_kubelet_restarts.py does this with the real kubelet.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pathlib import Path
 import psutil
 from hostcache import copy_host
 
-from accel_core.devtools.heapprobe import sample, wrap
+from accel_core.devtools.heapprobe import growth_report, resident_by_kind, sample, wrap
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,9 +91,11 @@ async def run(daemon: str, restarts: int, warmup: int, streams_up: bool = False,
         heaps = [await asyncio.to_thread(sample, proc.pid, heap)]
         t0 = time.perf_counter()
         steps = [before]
+        maps = [resident_by_kind(proc.pid)]
         for _ in range(4):
             await restart(restarts // 4)
             steps.append(child.memory_info().rss)
+            maps.append(resident_by_kind(proc.pid))
             heaps.append(await asyncio.to_thread(sample, proc.pid, heap))
         took = time.perf_counter() - t0
         await asyncio.sleep(1)
@@ -100,6 +106,7 @@ async def run(daemon: str, restarts: int, warmup: int, streams_up: bool = False,
               f"every {restarts // 4}: " + " ".join(f"{x / 1e6:.2f}" for x in steps))
         print(f"  malloc heap in use every {restarts // 4}: " + " ".join(f"{x / 1e6:.3f}" for x in heaps) +
               f" MB ({(heaps[-1] - heaps[0]) / restarts:+.0f} B per restart)")
+        print("\n".join(growth_report(maps)))
     finally:
         proc.terminate()
         proc.wait(30)

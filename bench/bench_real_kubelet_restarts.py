@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.heapprobe import sample, wrap
+from accel_core.devtools.heapprobe import growth_report, resident_by_kind, sample, wrap
 from accel_core.devtools.kubeletnode import KubeletNode
 from accel_core.fakehost import build_host
 
@@ -54,6 +55,7 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds between a registration and the next restart (0: restart at once, so the "
                              "kubelet often ends its streams inside their first write: grpc/grpc#43360)")
+    parser.add_argument("--daemon-log-level", default="WARNING", help="the daemon's --log-level")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (the kubelet runs in a private mount namespace)")
@@ -69,7 +71,8 @@ def main() -> int:
             node.wait_ready()
             heap = work / "heap.txt"
             with (work / "daemon.log").open("wb") as log:
-                proc = subprocess.Popen(wrap(heap, script, "serve", "--metrics-port", "0", "--log-level", "WARNING"),
+                proc = subprocess.Popen(wrap(heap, script, "serve", "--metrics-port", "0",
+                                             "--log-level", args.daemon_log_level),
                                         env={**os.environ, **node.daemon_env(cp.admin_kubeconfig)}, stdout=log,
                                         stderr=subprocess.STDOUT)
             try:
@@ -83,6 +86,7 @@ def main() -> int:
                     restart(node, resources, args.settle)
                 time.sleep(1)
                 heaps, rss = [sample(proc.pid, heap)], [child.memory_info().rss]
+                maps = [resident_by_kind(proc.pid)]
                 t0 = time.perf_counter()
                 for _ in range(4):
                     for _ in range(args.restarts // 4):
@@ -90,7 +94,14 @@ def main() -> int:
                     time.sleep(1)
                     heaps.append(sample(proc.pid, heap))
                     rss.append(child.memory_info().rss)
+                    maps.append(resident_by_kind(proc.pid))
                 took = (time.perf_counter() - t0) / args.restarts
+            except BaseException:
+                kept = Path(tempfile.mkdtemp(prefix="brk-failed-"))
+                shutil.copy(work / "daemon.log", kept)
+                shutil.copy(node.kubelet_log, kept)
+                print(f"failed: the daemon's and the kubelet's logs are kept in {kept}", file=sys.stderr)
+                raise
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -101,6 +112,7 @@ def main() -> int:
           f"  ({(heaps[-1] - heaps[0]) / 1e6:+.3f} MB, {(heaps[-1] - heaps[0]) / args.restarts:+.0f} B per restart)")
     print("  RSS MB:                " + " ".join(f"{r / 1e6:.2f}" for r in rss) +
           f"  ({(rss[-1] - rss[0]) / 1e6:+.2f} MB)")
+    print("\n".join(growth_report(maps)))
     return 0
 
 
