@@ -45,13 +45,14 @@ RUN if python3 -c "import ensurepip" 2>/dev/null; then \
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/venv /opt/venv
-# glibc's per-thread malloc caches off: chunks parked there count as in use and grow a device plugin's RSS by up to
-# ~0.3 MB over its first thousand kubelet restarts; off, its heap stays flat and its kubelet round trips and the DRA
-# prepare cost the same (docs/benchmarks.md, "Kubelet restarts"). A pod's own GLIBC_TUNABLES replaces this one.
+# glibc malloc: per-thread caches off and two arenas. Chunks parked in a thread's cache count as in use, and each
+# thread that allocates can get an arena of its own; both grew a device plugin's RSS by ~0.3 MB over its first
+# thousand kubelet restarts. With these its heap and RSS stay flat, and its kubelet round trips and the DRA prepare
+# cost the same (docs/benchmarks.md, "Kubelet restarts"). A pod's own GLIBC_TUNABLES replaces this one.
 ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    GLIBC_TUNABLES=glibc.malloc.tcache_count=0
+    GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2
 # The build fails if a daemon's console script or libudev (pyudev's udev monitor) is missing.
 RUN python3 -c "import pyudev; pyudev.Context()" \
     && efa-device-plugin --help >/dev/null \

@@ -9,12 +9,14 @@ socket and removing it; :func:`run_daemon` acts on a remembered one at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+from accel_core.grpc_runtime import hold_grpc_runtime
 from accel_core.instancelock import InstanceConflict
 from accel_core.logs import kv
 from accel_core.paths import SocketPathError
@@ -38,8 +40,9 @@ def _remember(signum: int, frame: object) -> None:
     _caught.append(signal.Signals(signum))
 
 
-def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> int:
-    """Call ``main(stop)``; ``stop`` is set on SIGTERM/SIGINT/SIGHUP. Returns the process exit code."""
+def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str, *, serves_grpc: bool = False) -> int:
+    """Call ``main(stop)``; ``stop`` is set on SIGTERM/SIGINT/SIGHUP. Returns the process exit code. A daemon that
+    ``serves_grpc`` keeps gRPC's runtime up from start to stop (:mod:`accel_core.grpc_runtime`)."""
     catch_stop_signals()  # a no-op for a daemon that did it earlier; the loop's handlers replace these
     log.info("running; SIGTERM, SIGINT and SIGHUP stop it cleanly", extra=kv(daemon=name))
     if _caught:  # a stop signal came while starting: nothing is served yet, nothing to clean up
@@ -58,7 +61,8 @@ def run_daemon(main: Callable[[asyncio.Event], Awaitable[None]], name: str) -> i
             loop.add_signal_handler(sig, on_signal, sig)
         if _caught:  # between the check above and the loop's handlers
             on_signal(_caught[0])
-        await main(stop)
+        async with hold_grpc_runtime() if serves_grpc else contextlib.nullcontext():
+            await main(stop)
 
     # Everything imported and built so far lives for the whole run: keep the collector from re-scanning it, which
     # otherwise shows up as millisecond pauses in RPC latency (p99) on a long-running daemon.

@@ -246,7 +246,7 @@ class DriverCli:
                 if claim_get is not None:
                     claim_get.close()
 
-        return run_daemon(main, self.prog)
+        return run_daemon(main, self.prog, serves_grpc=True)
 
     def _remove(self, args: argparse.Namespace) -> int:
         setup_logging(args.log_level, args.log_format)

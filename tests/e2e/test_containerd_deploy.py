@@ -139,7 +139,7 @@ def test_efa_chart_under_containerd(kube_client: Client, helm: Helm, p5: RealNod
         assert confined == {"CapEff": "0000000000000000", "NoNewPrivs": "1", "root": "ro", "uid": "0"}, confined
         # The image's glibc tunable reaches the daemon's own process (docs/benchmarks.md, "Kubelet restarts").
         environ = Path(f"/proc/{_container_pid(p5, pod)}/environ").read_bytes().split(b"\0")
-        assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0" in environ, environ
+        assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2" in environ, environ
         wait(lambda: allocatable(kube_client, node, "vpc.amazonaws.com/efa") == P5_EFA,
              f"vpc.amazonaws.com/efa: {P5_EFA} allocatable on {node}")
 

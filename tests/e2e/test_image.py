@@ -56,13 +56,13 @@ def _image_files() -> tuple[dict[str, str], set[str]]:
     return entry.get("annotations", {}), paths
 
 
-def test_image_turns_glibc_per_thread_malloc_caches_off() -> None:
-    """The image's environment, as the OCI config records it for every container: glibc's tunable for its
-    per-thread caches at 0 (docs/benchmarks.md, "Kubelet restarts")."""
+def test_image_sets_glibc_malloc_tunables() -> None:
+    """The image's environment, as the OCI config records it for every container: glibc's per-thread caches off and
+    two arenas (docs/benchmarks.md, "Kubelet restarts")."""
     with _archive() as (_, manifest, blob):
         config = json.loads(blob(manifest["config"]["digest"]))
     env = dict(item.split("=", 1) for item in config["config"]["Env"])
-    assert env.get("GLIBC_TUNABLES") == "glibc.malloc.tcache_count=0", env
+    assert env.get("GLIBC_TUNABLES") == "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2", env
 
 
 def test_image_is_named_as_the_charts_default_and_holds_no_build_tools() -> None:
