@@ -12,6 +12,7 @@ the Node's allocatable, ``kubectl get resourceslice``) are read from the API ser
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -138,8 +139,11 @@ def test_efa_chart_under_containerd(kube_client: Client, helm: Helm, p5: RealNod
         confined = _confinement(p5, pod)
         assert confined == {"CapEff": "0000000000000000", "NoNewPrivs": "1", "root": "ro", "uid": "0"}, confined
         # The image's glibc tunable reaches the daemon's own process (docs/benchmarks.md, "Kubelet restarts").
-        environ = Path(f"/proc/{_container_pid(p5, pod)}/environ").read_bytes().split(b"\0")
-        assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2" in environ, environ
+        # glibc (2.36) ends each tunable it parses with a NUL in the process's own environment block, which is what
+        # /proc shows: a ':' between two tunables reads as a NUL there once glibc has taken both.
+        environ = Path(f"/proc/{_container_pid(p5, pod)}/environ").read_bytes()
+        assert re.search(rb"\0GLIBC_TUNABLES=glibc\.malloc\.tcache_count=0[:\0]glibc\.malloc\.arena_max=2\0",
+                         b"\0" + environ), environ
         wait(lambda: allocatable(kube_client, node, "vpc.amazonaws.com/efa") == P5_EFA,
              f"vpc.amazonaws.com/efa: {P5_EFA} allocatable on {node}")
 

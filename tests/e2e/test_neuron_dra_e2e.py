@@ -300,9 +300,18 @@ def test_trn2_seed_templates_allocate_prepare_and_clean_up(
     limited = Client(KubeConfig.from_file(driver.kubeconfig), field_manager="e2e-probe")
     foreign = {**printed, "spec": {**printed["spec"], "nodeName": "some-other-node",
                                    "pool": {**printed["spec"]["pool"], "name": "some-other-node"}}}
-    with pytest.raises(ApiError) as denied:
-        limited.create(ResourceSlice.from_dict(foreign))  # type: ignore[call-overload]
-    assert "may only write ResourceSlices of its own node" in str(denied.value.status.message)
+
+    def refused() -> str | None:
+        """The policy takes effect once the API server has loaded it; until then RBAC alone lets this through."""
+        try:
+            created: Any = limited.create(ResourceSlice.from_dict(foreign))  # type: ignore[call-overload]
+        except ApiError as exc:
+            return exc.status.message if exc.status.code in (403, 422) else None
+        kube_client.delete(ResourceSlice, created.metadata.name)
+        return None
+
+    message = wait(refused, "the chart's admission policy to refuse a slice of another node")
+    assert "may only write ResourceSlices of its own node" in message
     with pytest.raises(ApiError) as forbidden:
         list(limited.list(Pod, namespace=namespace))
     assert forbidden.value.status.code == 403
