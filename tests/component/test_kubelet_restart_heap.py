@@ -9,7 +9,7 @@ restarts: the allocator's bounded cache, not memory the program holds) and two a
 daemon keeps per restart: under +10 B measured here (bench_kubelet_restarts.py). A stream that gRPC abandons inside
 an operation (grpc/grpc#43360) costs ~400 B per restart and fails the heap test, as does any Python object kept per
 restart (those also fail test_kubelet_restart_objects.py). A daemon that lets gRPC's runtime shut down between its
-servers starts ~7 threads per restart (accel_core/grpc_runtime.py): that fails the thread test, and its RSS test.
+servers starts ~7 threads per restart (accel_core/grpc_runtime.py): that fails the thread test.
 """
 
 from __future__ import annotations
