@@ -20,6 +20,7 @@ pymalloc's arenas) an RSS growth is in.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import itertools
 import os
@@ -134,8 +135,7 @@ def resident_by_kind(pid: int) -> dict[str, Resident]:
             start, end = (int(x, 16) for x in head["range"].split("-"))
             mappings.append(_Mapping(start, end, head["perms"], head["path"].strip(), 0))
         elif mappings and line.startswith("Rss:"):
-            last = mappings[-1]
-            mappings[-1] = _Mapping(last.start, last.end, last.perms, last.path, int(line.split()[1]) * 1024)
+            mappings[-1] = dataclasses.replace(mappings[-1], rss=int(line.split()[1]) * 1024)
     resident: dict[str, Resident] = {}
     for i, mapping in enumerate(mappings):
         kind = _kind(mapping, mappings[i - 1] if i else None, mappings[i + 1] if i + 1 < len(mappings) else None)
