@@ -33,85 +33,57 @@ import argparse
 import asyncio
 import os
 import shutil
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-from hostcache import copy_host
-
-from accel_core.devtools.heapprobe import growth_report, resident_by_kind, sample, wrap
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-
 REPO = Path(__file__).resolve().parents[1]
-DAEMONS = {
-    "efa": ("efa-device-plugin", os.environ.get("BENCH_EFA_TYPE", "p4d.24xlarge"), ["vpc.amazonaws.com/efa"]),
-    "neuron": ("neuron-device-plugin", os.environ.get("BENCH_NEURON_TYPE", "trn1.32xlarge"),
-               ["aws.amazon.com/neuron", "aws.amazon.com/neuroncore"]),
+sys.path.insert(1, str(REPO / "tests"))  # the tests' fake hosts and probed daemon
+
+from probed_daemon import ProbedDaemon  # noqa: E402
+
+from accel_core.devtools.heapprobe import growth_report, resident_by_kind  # noqa: E402
+
+DAEMONS = {  # --daemon name -> console script and the instance type of its fake host
+    "efa": ("efa-device-plugin", os.environ.get("BENCH_EFA_TYPE", "p4d.24xlarge")),
+    "neuron": ("neuron-device-plugin", os.environ.get("BENCH_NEURON_TYPE", "trn1.32xlarge")),
 }
 
 
 async def run(daemon: str, restarts: int, warmup: int, streams_up: bool = False, settle: float = 0.0) -> None:
-    script, itype, resources = DAEMONS[daemon]
+    script, itype = DAEMONS[daemon]
     base = Path(tempfile.mkdtemp(prefix="bench-kr-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    host = copy_host(base / "h", itype)
-    standin = KubeletStandIn(base / "k")
-    await standin.start(pod_resources=True)
-    heap = base / "heap.txt"
-    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(wrap(heap, script, "serve", "--host-root", str(host.root), *standin.daemon_flags(),
-                                 "--metrics-port", "0", "--log-level", "WARNING"),
-                            env={**os.environ, "PYTHONPATH": path}, stderr=subprocess.DEVNULL)
-    child = psutil.Process(proc.pid)
-    count = 1
-
-    async def restart(n: int) -> None:
-        nonlocal count
-        for _ in range(n):
-            await standin.restart()
-            count += 1
-            for resource in resources:
-                await standin.wait_registered(resource, count=count, timeout=30)
-                if streams_up:
-                    await standin.wait_devices(resource, bool, timeout=30)
-            if settle:
-                await asyncio.sleep(settle)
-            standin.registrations.clear()  # the stand-in's own record, not the daemon's memory
-            count = 0
-
     try:
-        for resource in resources:
-            await standin.wait_registered(resource, timeout=60)
-        standin.registrations.clear()
-        count = 0
-        await restart(warmup)
-        await asyncio.sleep(1)
-        before = child.memory_info().rss
-        heaps = [await asyncio.to_thread(sample, proc.pid, heap)]
-        t0 = time.perf_counter()
-        steps = [before]
-        maps = [resident_by_kind(proc.pid)]
-        for _ in range(4):
-            await restart(restarts // 4)
-            steps.append(child.memory_info().rss)
-            maps.append(resident_by_kind(proc.pid))
-            heaps.append(await asyncio.to_thread(sample, proc.pid, heap))
-        took = time.perf_counter() - t0
-        await asyncio.sleep(1)
-        after = child.memory_info().rss
-        mode = (", streams up" if streams_up else "") + (f", {settle * 1e3:.0f} ms settle" if settle else "")
-        print(f"{daemon}{mode}: RSS after {warmup} warm-up restarts {before / 1e6:.2f} MB, after {restarts} more "
-              f"{after / 1e6:.2f} MB: {(after - before) / 1e6:+.2f} MB ({took / restarts * 1e3:.1f} ms per restart); "
-              f"every {restarts // 4}: " + " ".join(f"{x / 1e6:.2f}" for x in steps))
-        print(f"  malloc heap in use every {restarts // 4}: " + " ".join(f"{x / 1e6:.3f}" for x in heaps) +
-              f" MB ({(heaps[-1] - heaps[0]) / restarts:+.0f} B per restart)")
-        print("\n".join(growth_report(maps)))
+        async with ProbedDaemon(base, script, itype) as probed:
+            async def restart(n: int) -> None:
+                for _ in range(n):
+                    await probed.restart_kubelet(streams_up, settle)
+
+            await restart(warmup)
+            await asyncio.sleep(1)
+            before = probed.process.memory_info().rss
+            heaps = [await probed.heap_in_use()]
+            t0 = time.perf_counter()
+            steps = [before]
+            maps = [resident_by_kind(probed.proc.pid)]
+            for _ in range(4):
+                await restart(restarts // 4)
+                steps.append(probed.process.memory_info().rss)
+                maps.append(resident_by_kind(probed.proc.pid))
+                heaps.append(await probed.heap_in_use())
+            took = time.perf_counter() - t0
+            await asyncio.sleep(1)
+            after = probed.process.memory_info().rss
     finally:
-        proc.terminate()
-        proc.wait(30)
-        await standin.stop()
         shutil.rmtree(base, ignore_errors=True)
+    mode = (", streams up" if streams_up else "") + (f", {settle * 1e3:.0f} ms settle" if settle else "")
+    print(f"{daemon}{mode}: RSS after {warmup} warm-up restarts {before / 1e6:.2f} MB, after {restarts} more "
+          f"{after / 1e6:.2f} MB: {(after - before) / 1e6:+.2f} MB ({took / restarts * 1e3:.1f} ms per restart); "
+          f"every {restarts // 4}: " + " ".join(f"{x / 1e6:.2f}" for x in steps))
+    print(f"  malloc heap in use every {restarts // 4}: " + " ".join(f"{x / 1e6:.3f}" for x in heaps) +
+          f" MB ({(heaps[-1] - heaps[0]) / restarts:+.0f} B per restart)")
+    print("\n".join(growth_report(maps)))
 
 
 def main() -> None:

@@ -26,24 +26,29 @@ from pathlib import Path
 
 import psutil
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.heapprobe import growth_report, resident_by_kind, sample, wrap
-from accel_core.devtools.kubeletnode import KubeletNode
-from accel_core.fakehost import build_host
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(1, str(REPO / "tests"))  # the daemons' table
 
-DAEMONS = {
-    "neuron": ("neuron-device-plugin", "trn1.32xlarge", ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore")),
-    "efa": ("efa-device-plugin", "p4d.24xlarge", ("vpc.amazonaws.com/efa",)),
-}
+from probed_daemon import DAEMONS  # noqa: E402
+
+from accel_core.devtools.controlplane import ControlPlane  # noqa: E402
+from accel_core.devtools.heapprobe import growth_report, resident_by_kind, sample, wrap  # noqa: E402
+from accel_core.devtools.kubeletnode import KubeletNode  # noqa: E402
+from accel_core.devtools.polling import poll_until  # noqa: E402
+from accel_core.fakehost import build_host  # noqa: E402
+
+SCRIPTS = {"neuron": "neuron-device-plugin", "efa": "efa-device-plugin"}
 
 
-def restart(node: KubeletNode, resources: tuple[str, ...], settle: float, timeout: float = 120.0) -> None:
+def wait_registered(node: KubeletNode, resources: tuple[str, ...], timeout: float) -> None:
+    """Until the running kubelet's log shows every resource registered."""
+    poll_until(lambda: all(node.device_plugin_registrations(r) >= 1 for r in resources),
+               f"{resources} registered with the kubelet (log {node.kubelet_log})", timeout, interval=0.02)
+
+
+def restart(node: KubeletNode, resources: tuple[str, ...], settle: float) -> None:
     node.restart_kubelet()
-    deadline = time.monotonic() + timeout
-    while not all(node.device_plugin_registrations(r) >= 1 for r in resources):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{resources} not registered again within {timeout} s (log {node.kubelet_log})")
-        time.sleep(0.02)
+    wait_registered(node, resources, timeout=120)
     time.sleep(settle)  # the kubelet's streams get their first lists and stay up a while, as between real restarts
 
 
@@ -51,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--restarts", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--daemon", choices=sorted(DAEMONS), default="neuron")
+    parser.add_argument("--daemon", choices=sorted(SCRIPTS), default="neuron")
     parser.add_argument("--settle", type=float, default=1.0,
                         help="seconds between a registration and the next restart (0: restart at once, so the "
                              "kubelet often ends its streams inside their first write: grpc/grpc#43360)")
@@ -60,7 +65,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("needs root (the kubelet runs in a private mount namespace)")
         return 1
-    script, itype, resources = DAEMONS[args.daemon]
+    script = SCRIPTS[args.daemon]
+    itype, resources = DAEMONS[script]
     with tempfile.TemporaryDirectory(prefix="brk-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None) as tmp:
         work = Path(tmp)
         with ControlPlane(work / "cp") as cp:
@@ -77,11 +83,7 @@ def main() -> int:
                                         stderr=subprocess.STDOUT)
             try:
                 child = psutil.Process(proc.pid)
-                deadline = time.monotonic() + 60
-                while not all(node.device_plugin_registrations(r) >= 1 for r in resources):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{script} did not register")
-                    time.sleep(0.05)
+                wait_registered(node, resources, timeout=60)
                 for _ in range(args.warmup):
                     restart(node, resources, args.settle)
                 time.sleep(1)

@@ -15,17 +15,11 @@ servers starts ~7 threads per restart (accel_core/grpc_runtime.py): that fails t
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
-from hostcache import copy_host
-
-from accel_core.devtools.heapprobe import sample, wrap
-from accel_core.devtools.kubelet_standin import KubeletStandIn
+from probed_daemon import DAEMONS, ProbedDaemon
 
 WARMUP, RESTARTS = 200, 300
 #: bytes per restart: ~10x what the daemons keep (under +10 B), a quarter of one abandoned gRPC batch per restart
@@ -37,69 +31,17 @@ THREAD_RESTARTS = 30
 
 REPO = Path(__file__).resolve().parents[2]
 
-DAEMONS = {
-    "neuron-device-plugin": ("trn1.32xlarge", ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore")),
-    "efa-device-plugin": ("p4d.24xlarge", ("vpc.amazonaws.com/efa",)),
-}
-
-
-class ProbedDaemon:
-    """A device-plugin daemon as its own process under heapprobe, served by a kubelet stand-in."""
-
-    def __init__(self, tmp: Path, script: str) -> None:
-        self.tmp, self.script = tmp, script
-        self.itype, self.resources = DAEMONS[script]
-        self.standin = KubeletStandIn(tmp / "k")
-        self.heap = tmp / "heap.txt"
-
-    async def __aenter__(self) -> ProbedDaemon:
-        host = copy_host(self.tmp / "h", self.itype)
-        await self.standin.start(pod_resources=True)
-        self.proc = subprocess.Popen(
-            wrap(self.heap, self.script, "serve", "--host-root", str(host.root), *self.standin.daemon_flags(),
-                 "--metrics-port", "0", "--log-level", "WARNING"),
-            env={**os.environ, "GLIBC_TUNABLES": image_glibc_tunables()}, stderr=subprocess.DEVNULL)
-        self.process = psutil.Process(self.proc.pid)
-        for resource in self.resources:
-            await self.standin.wait_registered(resource, timeout=60)
-        self.standin.registrations.clear()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        await self.standin.stop()
-
-    async def restart_kubelet(self) -> None:
-        """One kubelet restart, done once every resource is registered again and has its first device list."""
-        await self.standin.restart()
-        for resource in self.resources:
-            await self.standin.wait_registered(resource, timeout=30)
-            await self.standin.wait_devices(resource, bool, timeout=30)
-        self.standin.registrations.clear()  # the stand-in's own record
-
-    async def heap_in_use(self) -> int:
-        """The least of three readings: a poll or scan under way in another thread holds memory briefly."""
-        readings = []
-        for _ in range(3):
-            readings.append(await asyncio.to_thread(sample, self.proc.pid, self.heap))
-            await asyncio.sleep(0.2)
-        return min(readings)
-
-    def threads(self) -> set[int]:
-        return {thread.id for thread in self.process.threads()}
-
 
 @pytest.mark.parametrize("script", sorted(DAEMONS))
 def test_native_heap_and_rss_stay_flat_across_kubelet_restarts(short_tmp: Path, script: str) -> None:
     async def scenario() -> tuple[int, int, int, int]:
-        async with ProbedDaemon(short_tmp, script) as daemon:
+        async with ProbedDaemon(short_tmp, script, env=image_env()) as daemon:
             for _ in range(WARMUP):
                 await daemon.restart_kubelet()
-            before, rss_before = await daemon.heap_in_use(), daemon.process.memory_info().rss
+            before, rss_before = await least_heap_in_use(daemon), daemon.process.memory_info().rss
             for _ in range(RESTARTS):
                 await daemon.restart_kubelet()
-            after, rss_after = await daemon.heap_in_use(), daemon.process.memory_info().rss
+            after, rss_after = await least_heap_in_use(daemon), daemon.process.memory_info().rss
             return before, after, rss_before, rss_after
 
     before, after, rss_before, rss_after = asyncio.run(scenario())
@@ -116,7 +58,7 @@ def test_kubelet_restarts_leave_grpc_threads_running(short_tmp: Path, script: st
     (a runtime shut down and started again brings ~7 new threads per restart)."""
 
     async def scenario() -> tuple[set[int], set[int]]:
-        async with ProbedDaemon(short_tmp, script) as daemon:
+        async with ProbedDaemon(short_tmp, script, env=image_env()) as daemon:
             await daemon.restart_kubelet()
             first = daemon.threads()
             seen = set(first)
@@ -130,8 +72,17 @@ def test_kubelet_restarts_leave_grpc_threads_running(short_tmp: Path, script: st
     assert len(seen - first) <= 3, f"{script}: {len(seen - first)} new threads over {THREAD_RESTARTS} kubelet restarts"
 
 
-def image_glibc_tunables() -> str:
+async def least_heap_in_use(daemon: ProbedDaemon) -> int:
+    """The least of three readings: a poll or scan under way in another thread holds memory briefly."""
+    readings = []
+    for _ in range(3):
+        readings.append(await daemon.heap_in_use())
+        await asyncio.sleep(0.2)
+    return min(readings)
+
+
+def image_env() -> dict[str, str]:
     """The ``GLIBC_TUNABLES`` the Dockerfile's final stage sets for every daemon."""
     found = re.search(r"GLIBC_TUNABLES=(\S+)", (REPO / "Dockerfile").read_text())
     assert found, "the Dockerfile sets no GLIBC_TUNABLES"
-    return found[1]
+    return {"GLIBC_TUNABLES": found[1]}
