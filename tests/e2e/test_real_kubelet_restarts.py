@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 from conftest import Daemon, RealNode
 from kube_helpers import EFA, NEURON, NEURONCORE, allocatable, create_pod, pod_phase
 from lightkube import Client
@@ -70,10 +71,22 @@ def test_efa_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
     (first,) = node.kubelet.containers("first", namespace)
 
     plugin.stop()
-    daemon("efa-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    second = daemon("efa-device-plugin", "serve", "--metrics-port", "0", env=node.env())
     node.kubelet.restart_kubelet()
     node.kubelet.wait_ready(timeout=120)
     wait(lambda: _registrations(node, EFA) > 0, "the plugin registered with the new kubelet", timeout=60)
+    wait(lambda: allocatable(kube_client, node.name, EFA) == 32, "the plugin registered again", timeout=60)
+
+    # gRPC's runtime stays up while the plugin serves again (accel_core/grpc_runtime.py): the same threads serve
+    # after more kubelet restarts (a runtime that shut down with the plugin's server brought ~7 new ones each time)
+    assert second.proc is not None
+    threads = {t.id for t in psutil.Process(second.proc.pid).threads()}
+    for _ in range(2):
+        node.kubelet.restart_kubelet()
+        node.kubelet.wait_ready(timeout=120)
+        wait(lambda: _registrations(node, EFA) > 0, "the plugin registered with the new kubelet", timeout=60)
+    new_threads = {t.id for t in psutil.Process(second.proc.pid).threads()} - threads
+    assert len(new_threads) <= 3, f"{len(new_threads)} new threads over 2 kubelet restarts"
     wait(lambda: allocatable(kube_client, node.name, EFA) == 32, "the plugin registered again", timeout=60)
 
     assert pod_phase(kube_client, namespace, "first") == "Running"
