@@ -289,8 +289,8 @@ def test_seed_device_plugin_install_then_npd(kube_client: Client, helm: Helm, fa
             ("ServiceAccount", "neuron-device-plugin"),
             ("ClusterRole", "neuron-device-plugin"),  # its own Node's UltraServer labels and device-usage only
             ("ClusterRoleBinding", "neuron-device-plugin"),
-            ("ValidatingAdmissionPolicy", "neuron-own-node-keys"),
-            ("ValidatingAdmissionPolicyBinding", "neuron-own-node-keys"),
+            ("ValidatingAdmissionPolicy", "neuron-own-node-keys.default.neuron-helm-chart"),
+            ("ValidatingAdmissionPolicyBinding", "neuron-own-node-keys.default.neuron-helm-chart"),
             ("Service", "neuron-device-plugin-metrics"),
             ("DaemonSet", "neuron-device-plugin"),
         }

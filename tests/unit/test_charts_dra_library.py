@@ -68,8 +68,8 @@ def test_seed_dra_install_objects(helm: Path) -> None:
         ("DeviceClass", None, "neuron.aws.com"),
         ("ValidatingAdmissionPolicy", None, "neuron-dra-driver-resourceslices"),
         ("ValidatingAdmissionPolicyBinding", None, "neuron-dra-driver-resourceslices"),
-        ("ValidatingAdmissionPolicy", None, "neuron-own-node-keys"),
-        ("ValidatingAdmissionPolicyBinding", None, "neuron-own-node-keys"),
+        ("ValidatingAdmissionPolicy", None, "neuron-own-node-keys.neuron-dra-driver.neuron-helm-chart"),
+        ("ValidatingAdmissionPolicyBinding", None, "neuron-own-node-keys.neuron-dra-driver.neuron-helm-chart"),
     }
     policy = r.get("ValidatingAdmissionPolicy", "neuron-dra-driver-resourceslices")
     assert policy["spec"]["matchConditions"] == [{

@@ -258,7 +258,7 @@ def test_seed_device_plugin_install(seed_device_plugin: Rendered) -> None:
     sc = c["securityContext"]
     assert (sc["privileged"], sc["allowPrivilegeEscalation"], sc["capabilities"]) == (False, False, {"drop": ["ALL"]})
     assert seed_device_plugin.all("DeviceClass") == []
-    assert seed_device_plugin.names("ValidatingAdmissionPolicy") == {"neuron-own-node-keys"}
+    assert seed_device_plugin.names("ValidatingAdmissionPolicy") == {"neuron-own-node-keys.default.neuron-helm-chart"}
     role = seed_device_plugin.get("ClusterRole", "neuron-device-plugin")
     assert granted_rules(role) == {(("",), ("nodes",), ()): {"get", "patch"}}  # only its Node's labels
     assert seed_device_plugin.all("Namespace") == []
@@ -710,7 +710,7 @@ def test_own_node_policy_lists_the_keys_the_daemons_write(helm: Path) -> None:
                          (("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"),
                           ["neuron-dra-driver-sa"])]:
         r = template(helm, NEURON_CHART, *flags)
-        spec = r.get("ValidatingAdmissionPolicy", "neuron-own-node-keys")["spec"]
+        spec = r.get("ValidatingAdmissionPolicy", "neuron-own-node-keys.default.test")["spec"]
         assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
         variables = {v["name"]: v["expression"] for v in spec["variables"]}
         assert json.loads(variables["ownedLabels"]) == list(NODE_LABELS)
@@ -746,3 +746,93 @@ def test_dra_1_37_settings_default_and_set(helm: Path, chart: Path, flags: list[
     assert not any("resourceclaims/" in res for res in granted_rules(role) for res in res[1])
     with pytest.raises(RenderError, match="unhealthyTaintEffect"):
         template(helm, chart, *flags, "--set", "draDriver.unhealthyTaintEffect=Evict")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Several releases in one cluster (issue 31 item 2): the guide's DRA install and device-plugin install side by side,
+# and the EFA device plugin and DRA driver as two releases. Helm refuses to install an object another release owns,
+# and with --take-ownership it hands it over (the older shared own-node policy then named only the second release's
+# account), so two releases must render no object in common.
+
+#: Kinds Kubernetes keeps outside namespaces, and the namespaced kinds the charts render; a kind in neither fails.
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding", "PriorityClass"}
+NAMESPACED_KINDS = NAMESPACED | {"Deployment", "Role", "RoleBinding", "Secret", "NetworkPolicy"}
+#: RFC 1123 subdomain, as Kubernetes validates policy names: at most 253 characters.
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+#: Each Neuron component alone, as its own release: (release, namespace, flags).
+NEURON_COMPONENTS = {
+    "draDriver": ("neuron-helm-chart", "neuron-dra-driver", ["--set", "devicePlugin.enabled=false",
+                  "--set", "npd.enabled=false", "--set", "draDriver.enabled=true"]),
+    "devicePlugin": ("neuron-helm-chart", "default", ["--set", "npd.enabled=false"]),
+    "npd": ("neuron-npd", "monitoring", ["--set", "devicePlugin.enabled=false"]),
+    "scheduler": ("neuron-sched", "default", ["--set", "devicePlugin.enabled=false", "--set", "npd.enabled=false",
+                  "--set", "scheduler.enabled=true"]),
+}
+EFA_RELEASES = {"efa": ["--namespace", "kube-system"], "efa-dra": ["--namespace", "kube-system", *EFA_DRA_ON]}
+
+
+def identities(r: Rendered) -> set[tuple[str, str | None, str]]:
+    """(kind, namespace or None, name): what the API server keys an object by."""
+    out: set[tuple[str, str | None, str]] = set()
+    for d in r:
+        assert d["kind"] in CLUSTER_SCOPED | NAMESPACED_KINDS, f"classify kind {d['kind']} as cluster-scoped or not"
+        scoped = d["kind"] in CLUSTER_SCOPED
+        assert scoped != bool(d["metadata"].get("namespace")), f"{d['kind']} {d['metadata']['name']}"
+        out.add((d["kind"], None if scoped else d["metadata"]["namespace"], d["metadata"]["name"]))
+    return out
+
+
+def own_node_policy(r: Rendered) -> tuple[str, list[str]]:
+    """The own-node policy's name and the users it restricts (its binding must point at it)."""
+    policies = [d for d in r.all("ValidatingAdmissionPolicy") if d["spec"]["matchConstraints"]["resourceRules"][0][
+        "resources"] == ["nodes"]]
+    assert len(policies) == 1, [d["metadata"]["name"] for d in policies]
+    name = policies[0]["metadata"]["name"]
+    assert r.get("ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name
+    cond = policies[0]["spec"]["matchConditions"][0]["expression"]
+    return name, json.loads(cond.split(" in ", 1)[1])
+
+
+def test_seed_installs_share_no_object(seed_dra: Rendered, seed_device_plugin: Rendered) -> None:
+    dra, dp = identities(seed_dra), identities(seed_device_plugin)
+    assert not dra & dp, f"both installs render {sorted(dra & dp, key=str)}"
+    # Each keeps an own-node policy naming only its own daemon's account.
+    assert own_node_policy(seed_dra)[1] == ["system:serviceaccount:neuron-dra-driver:neuron-dra-driver-sa"]
+    assert own_node_policy(seed_device_plugin)[1] == ["system:serviceaccount:kube-system:neuron-device-plugin"]
+    # The guide's objects keep their names; only the DRA release has the DeviceClass.
+    assert ("DeviceClass", None, "neuron.aws.com") in dra
+    assert {("ClusterRole", None, "neuron-dra-driver"), ("ClusterRole", None, "neuron-device-plugin")} <= dra | dp
+
+
+@pytest.mark.parametrize(("first", "second"), list(itertools.combinations(NEURON_COMPONENTS, 2)))
+def test_releases_of_different_components_share_no_object(helm: Path, first: str, second: str) -> None:
+    """Any two Neuron components as two releases (release names and namespaces as a user would pick them)."""
+    rendered = []
+    for component in (first, second):
+        release, namespace, flags = NEURON_COMPONENTS[component]
+        rendered.append(identities(template(helm, NEURON_CHART, "--namespace", namespace, *flags, release=release)))
+    shared = rendered[0] & rendered[1]
+    assert not shared, f"{first} and {second} releases both render {sorted(shared, key=str)}"
+
+
+def test_own_node_policy_is_named_per_release(helm: Path) -> None:
+    """Same release name in two namespaces, and names whose dashes could run together, give distinct valid names."""
+    combos = [("neuron-helm-chart", "default"), ("neuron-helm-chart", "neuron-dra-driver"), ("c", "a-b"),
+              ("b-c", "a"), ("x" * 53, "n" * 63), ("neuron.v2", "default")]
+    names = set()
+    for release, namespace in combos:
+        name, users = own_node_policy(template(helm, NEURON_CHART, "--namespace", namespace, release=release))
+        assert DNS_SUBDOMAIN.fullmatch(name) and len(name) <= 253, name
+        assert namespace in name and release in name, name
+        assert users == ["system:serviceaccount:kube-system:neuron-device-plugin"]
+        names.add(name)
+    assert len(names) == len(combos), names
+
+
+def test_efa_releases_share_no_object(helm: Path) -> None:
+    """issue 31's two EFA releases in kube-system: the device plugin (no cluster-scoped object) and the DRA driver."""
+    efa, dra = (identities(template(helm, EFA_CHART, *flags, release=rel)) for rel, flags in EFA_RELEASES.items())
+    assert not efa & dra, f"both render {sorted(efa & dra, key=str)}"
+    assert not {i for i in efa if i[1] is None}, "the EFA device plugin needs no cluster-scoped object"
+    assert ("DeviceClass", None, "efa.networking.k8s.aws") in dra

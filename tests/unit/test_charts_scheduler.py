@@ -75,6 +75,6 @@ def test_scheduler_values_are_checked(helm: Path) -> None:
 
 def test_own_node_policy_lets_the_plugin_write_the_usage_annotation(helm: Path) -> None:
     r = template(helm, NEURON_CHART)
-    policy = r.get("ValidatingAdmissionPolicy", "neuron-own-node-keys")
+    policy = r.get("ValidatingAdmissionPolicy", "neuron-own-node-keys.default.test")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert USAGE_ANNOTATION in yaml.safe_load(variables["ownedAnnotations"])

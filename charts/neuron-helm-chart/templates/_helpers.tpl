@@ -1,4 +1,5 @@
-{{/* Shared helpers. Object names are fixed (the AWS documents refer to them by name), not release-derived. */}}
+{{/* Shared helpers. Object names are fixed (the AWS documents refer to them by name), not release-derived, except
+     the one cluster-scoped object that serves every component of a release (neuron.releaseScopedName). */}}
 
 {{- define "neuron.chart" -}}
 {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
@@ -31,6 +32,24 @@ app.kubernetes.io/name: neuron-node-problem-detector
      Call with (dict "component" .Values.X "root" $). */}}
 {{- define "neuron.namespace" -}}
 {{ .component.namespace | default .root.Release.Namespace }}
+{{- end }}
+
+{{/* The name of a cluster-scoped object that serves more than one component of a release (the own-node policy):
+     BASE.NAMESPACE.RELEASE, so that releases in other namespaces or of other names (the guide's two installs are
+     both "neuron-helm-chart", in neuron-dra-driver and in default) each get their own. Namespaces have no dots, so
+     the name is unambiguous; at most 20+1+63+1+53 characters of the 253 a DNS subdomain may have.
+     Call with (dict "base" BASE "root" $). Objects of one component keep the component's fixed name. */}}
+{{- define "neuron.releaseScopedName" -}}
+{{- $name := printf "%s.%s.%s" .base .root.Release.Namespace .root.Release.Name -}}
+{{- if gt (len $name) 253 -}}
+{{- fail (printf "the object name %s is longer than 253 characters: use a shorter release name or namespace" $name) -}}
+{{- end -}}
+{{ $name }}
+{{- end }}
+
+{{/* The own-node ValidatingAdmissionPolicy of this release, and its binding. */}}
+{{- define "neuron.ownNodePolicyName" -}}
+{{ include "neuron.releaseScopedName" (dict "base" "neuron-own-node-keys" "root" .) }}
 {{- end }}
 
 {{/* Whether the chart creates a component's namespace: "true" or "". */}}
