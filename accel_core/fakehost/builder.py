@@ -18,12 +18,12 @@ from typing import Any
 
 from accel_core.awsfacts import catalog
 from accel_core.fakehost.fsops import FakeHostError
-from accel_core.fakehost.host import MARKER, FakeHost
+from accel_core.fakehost.host import MARKER, REMOVED_RECORD, FakeHost
 from accel_core.fakehost.parts import HostPart, Writer
 from accel_core.registry import accelerators, load_ref
 
 #: Top-level entries the builder owns; ``clear_host`` removes exactly these.
-MANAGED_TOP_LEVEL = ("sys", "dev", "proc", "opt", MARKER)
+MANAGED_TOP_LEVEL = ("sys", "dev", "proc", "opt", MARKER, REMOVED_RECORD)
 
 _NVIDIA_VENDOR = "0x10de"
 

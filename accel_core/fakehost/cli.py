@@ -3,6 +3,7 @@
     fake-sysfs --instance-type trn2.48xlarge DIR [--no-efa] [--lnc 1|2] [--force]
     fake-sysfs --instance-type trn2u.48xlarge --ultraserver ID --ultraserver-node K DIR   (K in 0..3)
     fake-sysfs --list
+    fake-sysfs port|neuron-error|remove|restore|show ...   (fault verbs on a written tree: accel_core/fakehost/verbs.py)
 
 Exit status 0 on success, 2 on any usage or input error (the message names the problem).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts.catalog import InstanceType, UnknownInstanceType
+from accel_core.fakehost import verbs
 from accel_core.fakehost.builder import MANAGED_TOP_LEVEL, build_host, clear_host
 from accel_core.fakehost.fsops import FakeHostError
 
@@ -28,6 +30,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="fake-sysfs",
         description="Generate the /sys, /dev and /proc files of an AWS instance type under DIR "
         "(point the daemons' host root at DIR).",
+        epilog="Fault verbs on a tree written earlier (each has --help):\n"
+        "  fake-sysfs port DIR DEVICE down|up [--port N]      EFA/RDMA port state\n"
+        "  fake-sysfs neuron-error DIR neuronN [--count N]    uncorrected ECC errors (--clear: back to 0)\n"
+        "  fake-sysfs remove DIR DEVICE [--dev-node]          device gone (or only its /dev node)\n"
+        "  fake-sysfs restore DIR DEVICE                      put it back\n"
+        "  fake-sysfs show DIR                                devices and their state\n"
+        "(a DIR named like a verb needs a path prefix: ./port)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dir", nargs="?", type=Path, metavar="DIR", help="output directory (created if missing)")
     p.add_argument("--instance-type", "-t", metavar="TYPE", help="catalog instance type, e.g. p5.48xlarge")
@@ -64,6 +74,9 @@ def _fail(message: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in verbs.VERBS:
+        return verbs.main(argv, _fail)
     args = _parser().parse_args(argv)
     if args.list:
         print(format_catalog())

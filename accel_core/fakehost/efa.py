@@ -159,21 +159,63 @@ class EfaPart(HostPart):
         self._slot(ibdev)
         self.host.restore(f"efa:{ibdev}")
 
-    def set_port_state(self, ibdev: str, state: str) -> None:
-        """Set ``ports/1/state`` and ``phys_state``: DOWN, INIT, ARMED or ACTIVE."""
+    def set_port_state(self, ibdev: str, state: str, port: int = 1) -> None:
+        """Set ``ports/<port>/state`` and ``phys_state``: DOWN, INIT, ARMED or ACTIVE."""
         try:
             logical, physical = _PORT_STATES[state.upper()]
         except KeyError:
             raise FakeHostError(f"port state must be one of {', '.join(_PORT_STATES)}, got {state!r}") from None
-        port = f"{self._slot(ibdev).ibdev_dir}/ports/1"
-        self.host.replace(f"{port}/state", f"{logical}\n")
-        self.host.replace(f"{port}/phys_state", f"{physical}\n")
+        rel = self._port_rel(ibdev, port)
+        self.host.replace(f"{rel}/state", f"{logical}\n")
+        self.host.replace(f"{rel}/phys_state", f"{physical}\n")
+
+    def port_numbers(self, ibdev: str) -> list[int]:
+        """The device's port numbers as the tree has them now (empty while the device is removed)."""
+        ports = Path(self.host.root) / self._slot(ibdev).ibdev_dir / "ports"
+        return sorted(int(p.name) for p in ports.iterdir() if p.name.isdigit()) if ports.is_dir() else []
+
+    def port_state(self, ibdev: str, port: int = 1) -> str:
+        """The port's logical state as sysfs words it, e.g. ``ACTIVE`` (from ``4: ACTIVE``)."""
+        text = (Path(self.host.root) / self._port_rel(ibdev, port) / "state").read_text(encoding="utf-8")
+        return text.split(":", 1)[-1].strip()
+
+    # -- devices by name (FakeHost.remove_device / restore_device, the fake-sysfs verbs)
+
+    def device_names(self) -> list[str]:
+        return self.rdma_ibdevs
+
+    def device_kind(self, name: str) -> str:
+        return "EFA" if self._slot(name).is_efa else "RDMA"
+
+    def removal_key(self, name: str) -> str:
+        self._slot(name)
+        return f"efa:{name}"
+
+    def remove_device(self, name: str) -> None:
+        self.remove_efa(name)
+
+    def restore_device(self, name: str) -> None:
+        self.restore_efa(name)
+
+    def dev_node(self, name: str) -> str:
+        return f"/dev/infiniband/{self.uverbs_of(name)}"
+
+    def device_state(self, name: str) -> str:
+        return ", ".join(f"port {n} {self.port_state(name, n)}" for n in self.port_numbers(name))
 
     def set_efa_counter(self, ibdev: str, name: str, value: int, port: int | None = None) -> None:
         """Set a ``hw_counters`` value: device scope when ``port`` is None, else ``ports/<port>/hw_counters``."""
         base = self._slot(ibdev).ibdev_dir
         rel = f"{base}/hw_counters/{name}" if port is None else f"{base}/ports/{port}/hw_counters/{name}"
         self.host.replace(rel, f"{int(value)}\n", what=f"counter {name!r} of {ibdev}")
+
+    def _port_rel(self, ibdev: str, port: int) -> str:
+        slot = self._slot(ibdev)
+        known = self.port_numbers(ibdev)
+        if port not in known:
+            have = f"ports: {', '.join(map(str, known))}" if known else "it is removed"
+            raise self.fail(f"{ibdev} has no port {port} ({have})")
+        return f"{slot.ibdev_dir}/ports/{port}"
 
     def _slot(self, ibdev: str) -> RdmaSlot:
         try:

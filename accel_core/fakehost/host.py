@@ -4,7 +4,11 @@ The generic mutations are here; each accelerator's own (``set_port_state``, ``re
 methods (:mod:`accel_core.fakehost.parts`), offered on the host by name. Every mutation is atomic for a reader:
 files are replaced via temp + rename, removed directories vanish by rename, restored directories are staged and
 renamed into place. ``remove`` snapshots exactly what it deletes (including any counter you changed) and the
-matching ``restore`` puts that snapshot back.
+matching ``restore`` puts that snapshot back. The snapshots are kept in the tree (``.fake-sysfs.removed.json``), so
+a removal made by one process (the ``fake-sysfs remove`` verb) can be restored by another.
+
+The devices a user names (``rdmap79s0``, ``neuron3``) come from the parts' :meth:`HostPart.device_names`;
+:meth:`FakeHost.remove_device` / :meth:`FakeHost.restore_device` take those names, for any accelerator.
 
 Typical use::
 
@@ -17,6 +21,7 @@ Typical use::
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +34,8 @@ if TYPE_CHECKING:
     from accel_core.fakehost.parts import HostPart
 
 MARKER = ".fake-sysfs.json"
+#: what is currently removed, ``{key: [[[rel, kind, payload], ...], ...]}``; absent when nothing is
+REMOVED_RECORD = ".fake-sysfs.removed.json"
 
 
 class FakeHost:
@@ -39,7 +46,6 @@ class FakeHost:
 
         self._root = Path(root)
         self._spec = spec
-        self._removed: dict[str, list[list[Entry]]] = {}
         self.parts: tuple[HostPart, ...] = tuple(part(self, spec, options or {}) for part in part_types())
 
     @classmethod
@@ -79,7 +85,7 @@ class FakeHost:
     @property
     def removed(self) -> list[str]:
         """Keys of what is currently removed: ``efa:<ibdev>``, ``neuron:<index>``, ``dev:<path>``."""
-        return list(self._removed)
+        return list(self._load_removed())
 
     def path(self, relpath: str) -> Path:
         """The real path of a host path such as ``/sys/class/infiniband``."""
@@ -117,27 +123,108 @@ class FakeHost:
 
     def remove(self, key: str, rels: list[str]) -> None:
         """Remove ``rels`` (in order) as one removal named ``key``, remembering them for :meth:`restore`."""
-        if key in self._removed:
+        removed = self._load_removed()
+        if key in removed:
             raise FakeHostError(f"{self.instance_type}: {key} is already removed")
         snaps = [snapshot(self._root, rel) for rel in rels]
         if not any(snaps):
             raise FakeHostError(f"{self.instance_type}: nothing to remove for {key}")
+        removed[key] = snaps
+        self._save_removed(removed)  # recorded first: a removal cut short can still be restored
         for rel in rels:
             delete(self._root, rel)
-        self._removed[key] = snaps
 
     def restore(self, key: str) -> None:
         """Put back what :meth:`remove` removed under ``key``."""
-        snaps = self._removed.pop(key, None)
+        removed = self._load_removed()
+        snaps = removed.pop(key, None)
         if snaps is None:
             raise FakeHostError(f"{self.instance_type}: {key} is not removed")
         for entries in reversed(snaps):  # PCI function first, entry-point links last
-            replay(self._root, entries)
+            if entries and not os.path.lexists(self._root / entries[0].rel):  # not already back
+                replay(self._root, entries)
+        self._save_removed(removed)
+
+    # ------------------------------------------------------------------------------------------ devices by name
+
+    def devices(self) -> dict[str, HostPart]:
+        """Every device a user can name (``rdmap79s0``, ``neuron3``...) as built, with the part that owns it."""
+        return {name: part for part in self.parts for name in part.device_names()}
+
+    def part_of(self, device: str) -> HostPart:
+        """The part owning ``device``; the error names the device and lists the valid ones."""
+        part = self.devices().get(device)
+        if part is None:
+            raise FakeHostError(f"{self.instance_type} has no device {device!r}; {self.device_listing()}")
+        return part
+
+    def device_listing(self) -> str:
+        """``devices: EFA rdmap79s0, ...; Neuron neuron0, ...`` (or ``no devices``), for error messages."""
+        groups: dict[str, list[str]] = {}
+        for name, part in self.devices().items():
+            groups.setdefault(part.device_kind(name), []).append(name)
+        listing = "; ".join(f"{kind} {', '.join(names)}" for kind, names in groups.items())
+        return f"devices: {listing}" if groups else "it has no devices"
+
+    def removed_parts(self, device: str) -> list[str]:
+        """What of ``device`` is removed now: ``device`` (the whole device) and/or ``dev node``."""
+        part = self.part_of(device)
+        removed = self._load_removed()
+        out = ["device"] if part.removal_key(device) in removed else []
+        return out + (["dev node"] if f"dev:{self._dev_rel(part.dev_node(device))}" in removed else [])
+
+    def remove_device(self, device: str, *, dev_node_only: bool = False) -> None:
+        """Remove a named device as its driver losing it would (or only its ``/dev`` node, sysfs intact)."""
+        part = self.part_of(device)
+        gone = self.removed_parts(device)
+        if gone:
+            raise FakeHostError(f"{removed_phrase(device, gone)} already; restore it first")
+        if dev_node_only:
+            self.remove_dev_node(part.dev_node(device))
+        else:
+            part.remove_device(device)
+
+    def restore_device(self, device: str) -> None:
+        """Put back whatever of ``device`` is removed (the device, its ``/dev`` node, or both)."""
+        part = self.part_of(device)
+        gone = self.removed_parts(device)
+        if not gone:
+            raise FakeHostError(f"{device} is not removed; nothing to restore")
+        if "device" in gone:
+            part.restore_device(device)
+        if "dev node" in gone:
+            self.restore_dev_node(part.dev_node(device))
 
     # ------------------------------------------------------------------------------------------ internals
+
+    def _load_removed(self) -> dict[str, list[list[Entry]]]:
+        path = self._root / REMOVED_RECORD
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return {str(key): [[Entry(str(rel), str(kind), str(payload)) for rel, kind, payload in snap]
+                               for snap in snaps] for key, snaps in raw.items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise FakeHostError(f"{path}: not a fake-sysfs removal record ({exc})") from exc
+
+    def _save_removed(self, removed: dict[str, list[list[Entry]]]) -> None:
+        path = self._root / REMOVED_RECORD
+        if not removed:
+            path.unlink(missing_ok=True)
+            return
+        raw = {key: [[[e.rel, e.kind, e.payload] for e in snap] for snap in snaps] for key, snaps in removed.items()}
+        write_atomic(path, json.dumps(raw) + "\n")
 
     def _dev_rel(self, path: str) -> str:
         rel = str(resolve(self._root, path).relative_to(self._root))
         if not rel.startswith("dev/"):
             raise FakeHostError(f"{path!r} is not below /dev")
         return rel
+
+
+def removed_phrase(device: str, gone: list[str]) -> str:
+    """``neuron3 is removed``, ``neuron3's /dev node is removed`` (``gone`` from :meth:`FakeHost.removed_parts`)."""
+    if gone == ["dev node"]:
+        return f"{device}'s /dev node is removed"
+    return f"{device} is removed" if gone == ["device"] else f"{device} and its /dev node are removed"

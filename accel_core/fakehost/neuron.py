@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from accel_core.awsfacts import ultraserver
@@ -155,6 +156,67 @@ class NeuronPart(HostPart):
         resolve(self.host.root, rel)
         self.host.replace(rel, f"{value}\n", what=f"neuron{index} attribute {relpath!r}")
 
+    def hw_errors(self, index: int) -> dict[str, int]:
+        """The device's ``stats/hardware/<counter>/total`` values (the Neuron health rule reads the uncorrected
+        ones: a device with any is unhealthy)."""
+        base = Path(self.host.root) / self._nslot(index).sysfs_dir / "stats/hardware"
+        return {name: _int_or_zero(base / name / "total") for name in NEURON_HW_COUNTERS}
+
+    def add_hw_errors(self, index: int, counter: str = "mem_ecc_uncorrected", count: int = 1) -> int:
+        """Add ``count`` errors to a ``stats/hardware`` counter (``total`` and ``present``, as the driver counts
+        them) and return the new total. Counters are those of :data:`NEURON_HW_COUNTERS`."""
+        if counter not in NEURON_HW_COUNTERS:
+            raise self.fail(f"no Neuron hardware counter {counter!r} (known: {', '.join(NEURON_HW_COUNTERS)})")
+        if count < 1:
+            raise self.fail(f"an error count must be at least 1, got {count}")
+        total = self.hw_errors(index)[counter] + count
+        rel = f"stats/hardware/{counter}"
+        present = _int_or_zero(Path(self.host.root) / self._nslot(index).sysfs_dir / rel / "present")
+        self.set_neuron_counter(index, f"{rel}/present", present + count)
+        self.set_neuron_counter(index, f"{rel}/total", total)
+        return total
+
+    def clear_hw_errors(self, index: int) -> None:
+        """Every ``stats/hardware`` counter back to 0, as after a Neuron driver reload."""
+        for name in NEURON_HW_COUNTERS:
+            for f in ("present", "total"):
+                self.set_neuron_counter(index, f"stats/hardware/{name}/{f}", 0)
+
+    # -- devices by name (FakeHost.remove_device / restore_device, the fake-sysfs verbs)
+
+    def device_names(self) -> list[str]:
+        return [f"neuron{i}" for i in self._neuron]
+
+    def device_kind(self, name: str) -> str:
+        return "Neuron"
+
+    def removal_key(self, name: str) -> str:
+        return f"neuron:{self.index_of(name)}"
+
+    def remove_device(self, name: str) -> None:
+        self.remove_neuron(self.index_of(name))
+
+    def restore_device(self, name: str) -> None:
+        self.restore_neuron(self.index_of(name))
+
+    def dev_node(self, name: str) -> str:
+        return f"/dev/neuron{self.index_of(name)}"
+
+    def device_state(self, name: str) -> str:
+        index = self.index_of(name)
+        if not (Path(self.host.root) / self._nslot(index).sysfs_dir).is_dir():
+            return ""
+        errors = ", ".join(f"{k}={v}" for k, v in self.hw_errors(index).items() if v)
+        return f"hw errors: {errors or 'none'}"
+
+    def index_of(self, name: str) -> int:
+        """``neuron3`` -> 3, for a device this host has."""
+        digits = name.removeprefix("neuron")
+        if name.startswith("neuron") and digits.isascii() and digits.isdigit() and int(digits) in self._neuron:
+            return int(digits)
+        raise self.fail(f"no Neuron device {name!r} (built: neuron0..neuron{len(self._neuron) - 1})"
+                        if self._neuron else f"no Neuron device {name!r} (it has none)")
+
     def set_ultraserver(self, ids: UltraServerIds | None) -> None:
         """Rewrite the class-level UltraServer attributes: a node's ids (``busy=True`` writes ``busy`` as the
         mode, as during an election), or None for the values of a node outside an UltraServer."""
@@ -166,6 +228,14 @@ class NeuronPart(HostPart):
             return self._neuron[index]
         except KeyError:
             raise self.fail(f"no Neuron device {index} (built: {len(self._neuron)} devices)") from None
+
+
+def _int_or_zero(path: Path) -> int:
+    """A counter file's value; 0 when it is missing or not a number (a test may have corrupted it)."""
+    try:
+        return int(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def _ultraserver_ids(spec: InstanceType, name: str | None, node: int | None) -> UltraServerIds | None:

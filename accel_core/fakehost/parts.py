@@ -75,5 +75,35 @@ class HostPart:
     def write(self, w: Writer) -> None:
         """Write this accelerator's files of ``self.spec``."""
 
+    # -- devices by the names users see (the ``fake-sysfs remove``/``restore``/``show`` verbs); none by default
+
+    def device_names(self) -> list[str]:
+        """This part's devices as built (removals do not change the list), e.g. ``rdmap79s0`` or ``neuron3``."""
+        return []
+
+    def device_kind(self, name: str) -> str:
+        """What users call the named device (``EFA``, ``RDMA``, ``Neuron``), in listings and errors."""
+        return "device"
+
+    def removal_key(self, name: str) -> str:
+        """The :meth:`FakeHost.remove` key under which :meth:`remove_device` records ``name``."""
+        raise self.fail(f"{name!r} cannot be removed")
+
+    def remove_device(self, name: str) -> None:
+        """Remove the named device as its driver losing it would (sysfs entries, PCI function, ``/dev`` node)."""
+        raise self.fail(f"{name!r} cannot be removed")
+
+    def restore_device(self, name: str) -> None:
+        """Put back what :meth:`remove_device` removed."""
+        raise self.fail(f"{name!r} cannot be restored")
+
+    def dev_node(self, name: str) -> str:
+        """The named device's ``/dev`` path."""
+        raise self.fail(f"{name!r} has no device node")
+
+    def device_state(self, name: str) -> str:
+        """One line on the named device's state as its health rule sees it (``port 1 ACTIVE``...)."""
+        return ""
+
     def fail(self, message: str) -> FakeHostError:
         return FakeHostError(f"{self.spec.name}: {message}")
