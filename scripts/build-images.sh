@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Build the images of the rig's containerd nodes and the project image, with no registry:
 #   example.local/pause:3.10        the static pause binary (scripts/build-runtime.sh)
-#   example.local/busybox:1.35      busybox-static from Debian, for test workloads
+#   example.local/busybox:1.35      busybox-static from Debian, for test workloads; also named as every busybox
+#                                   reference in examples/ (public.ecr.aws/docker/library/busybox:latest), so the
+#                                   shipped examples run on the rig as written
+#   registry.k8s.io/kube-scheduler:<version>  the cached kube-scheduler binary (scripts/build-kube.sh), named as the
+#                                   neuron chart's default scheduler image, for my-scheduler (scheduler.enabled)
 #   example.local/debian-python:12  Debian bookworm + python3.11 (mmdebstrap), the project image's local base
 #   <chart image>:<appVersion>      the project image, built by buildah from the Dockerfile FROM that base
 # Each is an OCI archive (`ctr images import` and `buildah pull oci-archive:` take them) in the image cache, with a
@@ -40,8 +44,30 @@ start=$(date +%s)
 
 oci() { "$PYTHON" -m accel_core.devtools.ociimage "$@" >/dev/null; }
 [[ -f "$CACHE/pause.oci.tar" ]] || oci pause "$RUNTIME/bin/pause" --name example.local/pause:3.10 --out "$CACHE/pause.oci.tar"
-[[ -f "$CACHE/busybox.oci.tar" ]] \
-  || oci busybox "$DEBROOT/bin/busybox" --name example.local/busybox:1.35 --out "$CACHE/busybox.oci.tar"
+# The busybox the examples name: every distinct busybox image reference under examples/.
+mapfile -t BUSYBOX_ALIASES < <(grep -rhoE 'image: *[^ #"]*busybox[^ #"]*' "$REPO/examples" | sed 's/^image: *//' | sort -u)
+has_names() { local index; index=$(tar -xOf "$1" index.json 2>/dev/null) || return 1; shift
+  for n in "$@"; do [[ "$index" == *"\"$n\""* ]] || return 1; done; }
+has_names "$CACHE/busybox.oci.tar" example.local/busybox:1.35 "${BUSYBOX_ALIASES[@]}" \
+  || oci busybox "$DEBROOT/bin/busybox" --name example.local/busybox:1.35 \
+       "${BUSYBOX_ALIASES[@]/#/--alias=}" --out "$CACHE/busybox.oci.tar"
+
+# ---- kube-scheduler for the neuron chart's my-scheduler: the chart's default reference (scheduler.image.repository,
+# tag = the cluster's version, which is the binary's own). Rebuilt when the binary is newer than the archive; skipped,
+# with a note, while the kube binaries are not built yet (make kube).
+KUBE_BIN=${ACCEL_KUBE_BIN:-$("$HERE/build-kube.sh" --print-dir)}
+if [[ -x "$KUBE_BIN/kube-scheduler" ]]; then
+  sched_repo=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["scheduler"]["image"]["repository"])' \
+    "$REPO/charts/neuron-helm-chart/values.yaml")
+  sched_version=$("$KUBE_BIN/kube-scheduler" --version | awk '{print $2}')
+  SCHED_NAME="$sched_repo:$sched_version"
+  if [[ "$KUBE_BIN/kube-scheduler" -nt "$CACHE/kube-scheduler.oci.tar" ]] || ! has_names "$CACHE/kube-scheduler.oci.tar" "$SCHED_NAME"; then
+    oci static "$KUBE_BIN/kube-scheduler" --at /usr/local/bin/kube-scheduler --name "$SCHED_NAME" \
+      --out "$CACHE/kube-scheduler.oci.tar"
+  fi
+else
+  echo "build-images: no kube-scheduler in $KUBE_BIN yet (make kube): the my-scheduler image is left out"
+fi
 
 # ---- the Debian Python base: mmdebstrap's essential set (merged /usr without the usrmerge package, which would pull
 # in perl) plus BASE_PACKAGES; docs, man pages and locales left out (copyrights kept); perl-base and debconf purged,

@@ -9,11 +9,17 @@ changes and several nodes run side by side:
   (containerd's state, the shims' sockets, ``/var/run/cdi``), files over the ``/proc/sys`` entries the kubelet
   writes, and an overlay on ``/dev`` (the machine's ``/dev`` below, ``<node>/dev-upper`` above) where the fake
   host's device nodes are created with the major:minor of its sysfs ``dev`` files;
+- the fake host tree (``<node>/host``) also at :data:`FAKE_HOST_IN_NODE`, the same path on every node, so one
+  ``fakeHost.path`` serves a whole cluster;
 - network: loopback up, the node's address and the ``kubernetes`` Service's ClusterIP on ``lo``; a forwarder
   (:mod:`accel_core.devtools.netnsproxy`) carries the ClusterIP and the API server's own address to the machine's
-  loopback; pods get a veth pair between their namespace and the node's (``tools/cni/accel-veth``), nothing else;
-- images: the pause, busybox and project OCI archives made by ``scripts/build-images.sh``, imported with ``ctr``
-  before the kubelet starts (``imagePullPolicy: Never`` and ``IfNotPresent`` both find them; nothing is pulled).
+  loopback, another one serves the kubelet's port on the node's own machine-loopback address (127.0.0.N, see
+  :mod:`accel_core.devtools.noderoutes`); pods get a veth pair between their namespace and the node's
+  (``tools/cni/accel-veth``, addresses 10.(88+slot).x.y), nothing else; the node's route file tells the API
+  server's egress proxy (:mod:`accel_core.devtools.egressproxy`) how to reach the kubelet and the pods;
+- images: the pause, busybox (also under the examples' busybox reference), kube-scheduler and project OCI archives
+  made by ``scripts/build-images.sh``, imported with ``ctr`` before the kubelet starts (``imagePullPolicy: Never``
+  and ``IfNotPresent`` both find them; nothing is pulled).
 
 The binaries come from ``scripts/build-runtime.sh`` (containerd, its runc shim and ctr from the Go module proxy;
 runc from Debian). Facts behind each setting: ``/work/shared/reference/real-runtime.md`` of the project.
@@ -38,8 +44,14 @@ import psutil
 
 from accel_core.devtools.controlplane_errors import ControlPlaneError
 from accel_core.devtools.controlplane_pki import SERVICE_IP
-from accel_core.devtools.controlplane_processes import spawn_logged, tail_file, terminate_processes
+from accel_core.devtools.controlplane_processes import (
+    process_start_ticks,
+    spawn_logged,
+    tail_file,
+    terminate_processes,
+)
 from accel_core.devtools.kubeversions import cache_root, repo_root
+from accel_core.devtools.noderoutes import NodeRoute, loopback_ip, pod_prefix, save_route
 from accel_core.hostfiles import HostValueError, parse_int, read_attr
 
 CONTAINERD_VERSION = "v2.4.2"
@@ -48,8 +60,8 @@ FAKECRI_RUNTIME = "fakecri"
 RUNTIMES = (FAKECRI_RUNTIME, RUNTIME)
 PAUSE_IMAGE = "example.local/pause:3.10"
 BUSYBOX_IMAGE = "example.local/busybox:1.35"
-#: Pods' addresses (one /32 each, on a veth to the node's namespace).
-POD_PREFIX = "10.88"
+#: Where every containerd node has its fake host tree in its own mount namespace (``fakeHost.path`` of the charts).
+FAKE_HOST_IN_NODE = "/var/lib/accel-fake-host"
 #: The misc-class major of ``/dev/infiniband/rdma_cm`` (its minor is dynamic on real hosts; any is fine here).
 RDMA_CM_DEV = "10:58"
 CNI_PLUGIN = repo_root() / "tools" / "cni" / "accel-veth"
@@ -80,10 +92,11 @@ class RuntimeBinaries:
         return self.bin / "ctr"
 
     def image_archives(self) -> list[Path]:
-        """Pause and busybox first (the sandbox image must be there before any pod), then the project image."""
+        """Pause and busybox first (the sandbox image must be there before any pod), then kube-scheduler (the neuron
+        chart's my-scheduler) and the project image when built."""
         out = [self.images / "pause.oci.tar", self.images / "busybox.oci.tar"]
-        app = self.images / "app-current" / "image.oci.tar"
-        return out + ([app] if app.is_file() else [])
+        optional = [self.images / "kube-scheduler.oci.tar", self.images / "app-current" / "image.oci.tar"]
+        return out + [p for p in optional if p.is_file()]
 
     def missing(self) -> list[str]:
         """What is not built yet, each named with the script that builds it."""
@@ -178,13 +191,18 @@ class ContainerdRuntime:
 
     HOLDER = "netns-holder"
     PROXY = "api-forwarder"
+    KUBELET_PROXY = "kubelet-forwarder"
     CONTAINERD = "containerd"
 
     def __init__(self, name: str, node_dir: Path, *, api_port: int, bins: RuntimeBinaries, detach: bool,
-                 sysctl_binds: Iterable[tuple[Path, str]], host_root: Path) -> None:
+                 sysctl_binds: Iterable[tuple[Path, str]], host_root: Path, slot: int = 0, kubelet_port: int = 0,
+                 routes_dir: Path | None = None) -> None:
         self.name = name
         self.dir = node_dir
         self.api_port = api_port
+        self.slot = slot
+        self.kubelet_port = kubelet_port
+        self.routes_dir = routes_dir
         self.bins = bins
         self.detach = detach
         self.ip = node_ip(name)
@@ -210,6 +228,11 @@ class ContainerdRuntime:
     def holder_pid(self) -> int:
         return self.procs[self.HOLDER].pid
 
+    @property
+    def loopback(self) -> str:
+        """The node's address on the machine's loopback, where its kubelet port is served."""
+        return loopback_ip(self.slot)
+
     def enter(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside the node's mount and network namespaces."""
         return ["nsenter", f"--target={self.holder_pid}", "--mount", "--net", "--", *argv]
@@ -220,14 +243,15 @@ class ContainerdRuntime:
         missing = self.bins.missing()
         if missing:
             raise ControlPlaneError("the containerd runtime is not built: missing " + "; ".join(missing))
-        for sub in ("run", "var-lib", "var-log", "dev-upper", "dev-work", "dev-keep/pts", "dev-keep/shm",
-                    "cni/bin", "cni/net.d", "cni/state", "logs"):
+        for sub in ("run", "var-lib", "var-lib/accel-fake-host", "var-log", "dev-upper", "dev-work", "dev-keep/pts",
+                    "dev-keep/shm", "cni/bin", "cni/net.d", "cni/state", "logs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._write_cni()
         (self.dir / "containerd.toml").write_text(containerd_config(self.dir, self.bins))
         self._start_holder()
         self._make_device_nodes()
         self._start_proxy()
+        self._start_kubelet_proxy()
         self._start_containerd()
         self._import_images()
 
@@ -247,6 +271,7 @@ class ContainerdRuntime:
             f"ip addr add {self.ip}/32 dev lo",
             f"ip addr add {SERVICE_IP}/32 dev lo",
             f"mount --bind {q(str(d / 'var-lib'))} /var/lib",
+            f"mount --bind {q(str(self.host_root))} {q(FAKE_HOST_IN_NODE)}",
             f"mount --bind {q(str(d / 'var-log'))} /var/log",
             f"mount --bind {q(str(d / 'run'))} /run",
         ]
@@ -294,6 +319,22 @@ class ContainerdRuntime:
         log = self.log(self.PROXY)
         self._wait(lambda: "netnsproxy: " in tail_file(log, 3), self.procs[self.PROXY], self.PROXY, 20)
 
+    def _start_kubelet_proxy(self) -> None:
+        """The kubelet's port on 127.0.0.N of the machine, and the route file of the node."""
+        if not self.kubelet_port:
+            return
+        self._spawn(self.KUBELET_PROXY, [sys.executable, "-m", "accel_core.devtools.netnsproxy", "--into",
+                                         f"--netns=/proc/{self.holder_pid}/ns/net",
+                                         f"--listen={self.loopback}:{self.kubelet_port}",
+                                         f"--to={self.ip}:{self.kubelet_port}", f"--holder={self.holder_pid}"])
+        log = self.log(self.KUBELET_PROXY)
+        self._wait(lambda: "netnsproxy: " in tail_file(log, 3), self.procs[self.KUBELET_PROXY], self.KUBELET_PROXY,
+                   20)
+        if self.routes_dir is not None:
+            ticks = process_start_ticks(self.holder_pid)
+            save_route(self.routes_dir, NodeRoute(self.name, self.slot, self.ip, self.kubelet_port, self.holder_pid,
+                                                  -1 if ticks is None else ticks))
+
     def _start_containerd(self) -> None:
         self.socket.unlink(missing_ok=True)
         path = f"{self.bins.bin}:{self.bins.runc.parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
@@ -326,7 +367,7 @@ class ContainerdRuntime:
         """Every container killed and deleted (their cgroups go with them), then containerd, the shims, the
         forwarder and the holder: the namespaces and their mounts die with the last process."""
         stop_namespace(self.dir, self.bins, holder=self.procs.get(self.HOLDER), timeout=timeout)
-        for name in (self.CONTAINERD, self.PROXY, self.HOLDER):
+        for name in (self.CONTAINERD, self.KUBELET_PROXY, self.PROXY, self.HOLDER):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -337,7 +378,7 @@ class ContainerdRuntime:
         shutil.copyfile(CNI_PLUGIN, plugin)
         plugin.chmod(0o755)
         conf = {"cniVersion": "1.0.0", "name": "accel-rig",
-                "plugins": [{"type": "accel-veth", "nodeIP": self.ip, "podPrefix": POD_PREFIX,
+                "plugins": [{"type": "accel-veth", "nodeIP": self.ip, "podPrefix": pod_prefix(self.slot),
                              "stateDir": str(self.dir / "cni" / "state")}]}
         (self.dir / "cni" / "net.d" / "10-accel-rig.conflist").write_text(json.dumps(conf) + "\n")
 

@@ -1,11 +1,13 @@
 """OCI image-layout archives written with the standard library, for the rig's containerd nodes (dev-only).
 
 No registry is reachable here, so the small images the rig needs (a pause image, a busybox test image, the Debian
-Python base of the project image) are written as OCI image-layout tars that ``ctr images import`` and
-``buildah pull oci-archive:`` both accept. The layout (OCI image spec v1.1): ``oci-layout``, ``index.json`` naming
-one manifest, and content-addressed ``blobs/sha256/<hex>`` for the config, the manifest and each gzip layer. The
-image name travels in two annotations of the index entry: ``io.containerd.image.name`` (what containerd names the
-imported image) and ``org.opencontainers.image.ref.name``.
+Python base of the project image, a kube-scheduler image of the cached binary) are written as OCI image-layout tars
+that ``ctr images import`` and ``buildah pull oci-archive:`` both accept. The layout (OCI image spec v1.1):
+``oci-layout``, ``index.json`` naming one manifest, and content-addressed ``blobs/sha256/<hex>`` for the config, the
+manifest and each gzip layer. The image name travels in two annotations of the index entry:
+``io.containerd.image.name`` (what containerd names the imported image) and ``org.opencontainers.image.ref.name``.
+An image known by more names (``--alias``: the busybox the examples name) gets one index entry per name, all
+pointing at the same manifest.
 
 ``python -m accel_core.devtools.ociimage`` is the command line ``scripts/build-images.sh`` uses.
 """
@@ -90,9 +92,10 @@ class _Blobs:
         return {"mediaType": LAYER_TYPE, "digest": f"sha256:{hexdigest}", "size": size}, f"sha256:{diff_id}"
 
 
-def write_oci_archive(out: Path, name: str, layers: Sequence[Path], config: ImageConfig) -> str:
-    """Write ``out`` (an OCI image-layout tar) of one linux/amd64 image ``name`` made of the uncompressed layer
-    tars ``layers`` (lowest first). Return the manifest digest."""
+def write_oci_archive(out: Path, name: str, layers: Sequence[Path], config: ImageConfig,
+                      aliases: Sequence[str] = ()) -> str:
+    """Write ``out`` (an OCI image-layout tar) of one linux/amd64 image ``name`` (and ``aliases``, more names of the
+    same manifest) made of the uncompressed layer tars ``layers`` (lowest first). Return the manifest digest."""
     if not layers:
         raise ValueError(f"image {name}: no layers")
     with tempfile.TemporaryDirectory(prefix="oci-", dir=out.parent) as scratch:
@@ -112,7 +115,8 @@ def write_oci_archive(out: Path, name: str, layers: Sequence[Path], config: Imag
         manifest_desc = blobs.add_bytes(json.dumps(manifest, sort_keys=True).encode(), MANIFEST_TYPE)
         index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
                  "manifests": [{**manifest_desc, "platform": {"architecture": "amd64", "os": "linux"},
-                                "annotations": {NAME_ANNOTATION: name, REF_ANNOTATION: name}}]}
+                                "annotations": {NAME_ANNOTATION: n, REF_ANNOTATION: n}}
+                               for n in dict.fromkeys((name, *aliases))]}
         (root / "index.json").write_text(json.dumps(index, sort_keys=True))
         (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
         tmp_out = out.with_name(out.name + ".tmp")
@@ -164,6 +168,19 @@ def busybox_entries(busybox: Path) -> list[Entry]:
     return entries
 
 
+def static_binary_entries(binary: Path, at: str) -> list[Entry]:
+    """A static binary at ``at`` (e.g. ``/usr/local/bin/kube-scheduler``) with its parent directories, a writable
+    ``/tmp``, and ``/etc/passwd`` and ``/etc/group`` naming root, nobody and the unprivileged user 65532."""
+    parts = at.strip("/").split("/")
+    if len(parts) < 2 or parts[0] in ("etc", "tmp"):
+        raise ValueError(f"{at}: a static binary goes in a directory other than /etc and /tmp")
+    entries = [Entry("/".join(parts[:i])) for i in range(1, len(parts))]
+    entries += [Entry("/".join(parts), binary.read_bytes()), Entry("tmp", mode=0o1777), Entry("etc"),
+                Entry("etc/passwd", _PASSWD + b"nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n", 0o644),
+                Entry("etc/group", _GROUP + b"nonroot:x:65532:\n", 0o644)]
+    return entries
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m accel_core.devtools.ociimage", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -175,8 +192,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     rootfs.add_argument("tar", type=Path)
     rootfs.add_argument("--env", action="append", default=[])
     rootfs.add_argument("--label", action="append", default=[], help="KEY=VALUE")
-    for p in (pause, busybox, rootfs):
+    static = sub.add_parser("static", help="an image of one static binary (the cached kube-scheduler)")
+    static.add_argument("binary", type=Path)
+    static.add_argument("--at", required=True, help="its path in the image (its entrypoint)")
+    for p in (pause, busybox, rootfs, static):
         p.add_argument("--name", required=True, help="the image reference, e.g. example.local/busybox:1.35")
+        p.add_argument("--alias", action="append", default=[], help="another reference of the same image")
         p.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,12 +209,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
         elif args.kind == "busybox":
             write_layer(layer, busybox_entries(args.binary))
             config = ImageConfig(cmd=("sh",), env=("PATH=/bin",))
+        elif args.kind == "static":
+            write_layer(layer, static_binary_entries(args.binary, args.at))
+            config = ImageConfig(entrypoint=(args.at,))
         else:
             layer = args.tar
             labels = dict(item.split("=", 1) for item in args.label)
             config = ImageConfig(cmd=("python3",), env=(*ImageConfig().env, *args.env), labels=labels)
-        digest = write_oci_archive(args.out, args.name, [layer], config)
-    print(f"{args.name} {digest} {args.out}")
+        digest = write_oci_archive(args.out, args.name, [layer], config, args.alias)
+    print(f"{' '.join((args.name, *args.alias))} {digest} {args.out}")
     return 0
 
 
