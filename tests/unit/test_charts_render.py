@@ -46,6 +46,7 @@ BASE_DRA_DRIVER_RULES = {
     (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
     (("",), ("nodes",), ()): {"get"},
     (("resource.k8s.io",), ("resourceslices",), ()): {"list", "watch", "create", "update", "delete"},
+    (("events.k8s.io",), ("events",), ()): {"create", "patch"},  # accel_core/dra/reporter.py: claim problems
 }
 
 
@@ -836,3 +837,12 @@ def test_efa_releases_share_no_object(helm: Path) -> None:
     assert not efa & dra, f"both render {sorted(efa & dra, key=str)}"
     assert not {i for i in efa if i[1] is None}, "the EFA device plugin needs no cluster-scoped object"
     assert ("DeviceClass", None, "efa.networking.k8s.aws") in dra
+
+
+def test_neuron_and_efa_releases_share_no_object(helm: Path, seed_dra: Rendered, seed_device_plugin: Rendered) -> None:
+    """All four releases of issue 31 in one cluster: the guide's two Neuron installs and the two EFA releases."""
+    releases = {"neuron DRA": identities(seed_dra), "neuron device plugin": identities(seed_device_plugin),
+                **{rel: identities(template(helm, EFA_CHART, *flags, release=rel))
+                   for rel, flags in EFA_RELEASES.items()}}
+    for (a, ida), (b, idb) in itertools.combinations(releases.items(), 2):
+        assert not ida & idb, f"{a} and {b} both render {sorted(ida & idb, key=str)}"
