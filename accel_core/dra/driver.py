@@ -57,7 +57,18 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.atomic import clean_stale_temp_files
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
-from accel_core.dra.claims import ClaimReader, allocated_for_node, check_claim_ref
+from accel_core.dra.claimreport import (
+    DEVICE_IN_USE,
+    DEVICE_NOT_USABLE,
+    DEVICE_PLUGIN_ACTIVE,
+    DEVICE_UNHEALTHY,
+    INVALID_CONFIG,
+    ClaimProblem,
+    ClaimProblemError,
+    problem_of,
+    reason_of,
+)
+from accel_core.dra.claims import AllocatedDevice, ClaimReader, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
@@ -98,6 +109,7 @@ class DraDriver:
         blocked: Callable[[], str | None] = lambda: None,
         metrics: DriverMetrics | None = None,
         status_sink: Callable[[Sequence[PreparedClaim]], None] | None = None,
+        problem_sink: Callable[[Sequence[ClaimProblem]], None] | None = None,
     ) -> None:
         self.profile = profile
         self.driver_name = profile.driver_name
@@ -109,6 +121,9 @@ class DraDriver:
         self._blocked = blocked
         #: Handed the newly prepared claims after they are recorded (must return at once: device status).
         self.status_sink = status_sink
+        #: Handed the claims whose prepare failed after they were read (must return at once: claim conditions and
+        #: pod Events, :mod:`accel_core.dra.reporter`).
+        self.problem_sink = problem_sink
         self.metrics = metrics or DriverMetrics(None, profile.metrics_prefix)
         self._health: dict[str, DeviceHealth] = {}
         #: Seconds the last prepare spent reading the claim, and everything else (for benchmarks).
@@ -227,7 +242,25 @@ class DraDriver:
             if self.status_sink is not None:
                 self.status_sink([p for p in recorded.values() if isinstance(p, PreparedClaim)])
         self._observe_local(local_start)
+        if self.problem_sink is not None:
+            self._report_problems(fresh, reads, out)
         return out
+
+    def _report_problems(self, fresh: Sequence[ClaimRef], reads: Sequence[ResourceClaim | None | BaseException],
+                         out: Mapping[str, list[PreparedDevice] | Exception]) -> None:
+        """Hand the failed claims that were read, with devices of this driver here, to the problem sink."""
+        assert self.problem_sink is not None
+        problems = []
+        for claim, data in zip(fresh, reads, strict=True):
+            error = out.get(claim.uid)
+            if not isinstance(error, Exception) or not isinstance(data, ResourceClaim):
+                continue
+            problem = problem_of(data, claim.uid, driver=self.driver_name, pool=self.node_name,
+                                 reason=reason_of(error), cause=str(error))
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            self.problem_sink(problems)
 
     def _reads(self, fresh: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, prefetched: Reads
                ) -> list[ResourceClaim | None | BaseException]:
@@ -280,7 +313,8 @@ class DraDriver:
                 for device in plan.held_devices:  # admin access (monitoring) neither blocks nor is blocked
                     holder = self.store.holder(device, other_than=claim.uid) or planned.get(device)
                     if holder is not None:
-                        raise ClaimError(f"device {device} is already prepared for claim {holder.describe()}")
+                        raise ClaimProblemError(f"device {device} is already prepared for claim "
+                                                f"{holder.describe()}", DEVICE_IN_USE)
                 try:
                     self.cdi.check(plan.uid, (name for name, _ in plan.cdi_devices()))
                 except CdiError as exc:
@@ -333,7 +367,7 @@ class DraDriver:
         (:meth:`remove_orphan_specs`)."""
         reason = self._guard()
         if reason:
-            return {p.uid: ClaimError(reason) for p in plans}
+            return {p.uid: ClaimProblemError(reason, DEVICE_PLUGIN_ACTIVE) for p in plans}
         failed = self._write_specs(plans)
         out: dict[str, PreparedClaim | ClaimError] = dict(failed)
         written = [p for p in plans if p.uid not in failed]
@@ -402,20 +436,33 @@ class DraDriver:
             configs = configs_for_requests(alloc.configs, list(chosen.values()), driver=self.driver_name,
                                            decode=self.profile.decode_config, default=self.profile.default_config)
         except ConfigError as exc:
-            raise ClaimError(str(exc)) from exc
+            raise ClaimProblemError(str(exc), INVALID_CONFIG) from exc
         inventory = self._inventory()
         requests = []
         status: list[tuple[str, DeviceStatusData]] = []
         for request in alloc.requests:
             results = [d for d in alloc.devices if d.request == request]
-            edits = self.profile.container_edits(inventory, request, [d.device for d in results],
-                                                 configs[chosen[request]])
+            try:
+                edits = self.profile.container_edits(inventory, request, [d.device for d in results],
+                                                     configs[chosen[request]])
+            except ClaimError as exc:
+                raise ClaimProblemError(str(exc), self._edits_reason(str(exc), results)) from exc
             order = tuple(edits.devices)
             requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
                                             edits.request, all(d.admin_access for d in results)))
             status.extend((d, edits.status[d]) for d in order if d in edits.status)
         return PreparedClaim(claim.uid, claim.namespace, claim.name, alloc.devices[0].pool, tuple(requests),
                              STATE_COMPLETED, tuple(status))
+
+    def _edits_reason(self, message: str, results: Sequence[AllocatedDevice]) -> str:
+        """Why the profile refused a request: the profiles name the device first ("device X ...") when a device is
+        the problem (unhealthy, by this driver's health, or else not usable), and the request first when its config
+        does not fit the node."""
+        for result in results:
+            if message.startswith(f"device {result.device} "):
+                health = self._health.get(result.device)
+                return DEVICE_UNHEALTHY if health is not None and not health.healthy else DEVICE_NOT_USABLE
+        return DEVICE_NOT_USABLE if message.startswith("device ") else INVALID_CONFIG
 
     def _ensure_spec(self, claim: PreparedClaim) -> None:
         if self.cdi.exists(claim.uid):
@@ -465,6 +512,10 @@ class DraDriver:
         for name, state in new.items():
             self.metrics.device_healthy.labels(name).set(1 if state.healthy else 0)
         return changed
+
+    def health_of(self, device: str) -> DeviceHealth | None:
+        """The device's health as last recorded (None: not a published device)."""
+        return self._health.get(device)
 
     def health(self) -> list[DeviceHealthReport] | None:
         return [DeviceHealthReport(self.node_name, name, state.healthy, state.message, HEALTH_TIMEOUT_SECONDS)

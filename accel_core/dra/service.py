@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile, Scan, tainted
 from accel_core.dra.publisher import SlicePublisher
+from accel_core.dra.reporter import ClaimReporter
 from accel_core.dra.status import DeviceStatusWriter
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError
@@ -125,11 +128,18 @@ class DraService:
         self.store = ClaimStore(data_dir / "checkpoint.json", read_boot_id(paths.host_root))
         self.reader: ClaimReader = ApiClaimReader(client, claim_get) if client is not None else _NoApiReader()
         self.status = (DeviceStatusWriter(client, self.driver_name,
-                                          still_prepared=lambda uid: self.store.get(uid) is not None)
+                                          still_prepared=lambda uid: self.store.get(uid) is not None,
+                                          health=lambda device: self.driver.health_of(device), node=node_name)
                        if client is not None and device_status else None)
+        #: Failed prepares and health changes of prepared claims, on the claims and their pods (Events).
+        self.reporter = (ClaimReporter(client, self.driver_name, node_name, prepared=self.store.get,
+                                       health=lambda device: self.driver.health_of(device),
+                                       write_status=device_status)
+                         if client is not None else None)
         self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
                                 inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics,
-                                status_sink=self.status.submit if self.status is not None else None)
+                                status_sink=self._prepared if client is not None else None,
+                                problem_sink=self.reporter.submit if self.reporter is not None else None)
         self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)
         if instance_lock is not None:
             self.plugin.instance = instance_lock
@@ -150,6 +160,13 @@ class DraService:
         return self.scan.inventory
 
     # -- pieces ----------------------------------------------------------------------------------------------------
+    def _prepared(self, claims: Sequence[PreparedClaim]) -> None:
+        """The prepare's thread hands over the newly prepared claims: their status, and their problems resolved."""
+        if self.status is not None:
+            self.status.submit(claims)
+        if self.reporter is not None:
+            self.reporter.resolved([c.uid for c in claims])
+
     def blocked(self) -> str | None:
         return self.profile.scanner.coexistence.dra_blocked(self.paths)
 
@@ -228,6 +245,9 @@ class DraService:
             tasks.append(asyncio.create_task(self.own_node.run(stop)))
         if self.status is not None:
             tasks.append(asyncio.create_task(self.status.run(stop)))
+        if self.reporter is not None:
+            tasks.append(asyncio.create_task(self.reporter.run(stop)))
+            self.reporter.health_changed(self._health(), self.store.claims())  # unhealthy since the last run
         if self.client is not None and self.cleanup_interval > 0:
             tasks.append(asyncio.create_task(self.cleaner.run(stop, self.cleanup_interval)))
         self.ready.set()
@@ -275,6 +295,8 @@ class DraService:
         """After a rescan: send the full list when health changed."""
         health = self._health()
         if self.driver.set_health(health):
+            if self.reporter is not None:
+                self.reporter.health_changed(health, self.store.claims())
             unhealthy = [name for name, state in health.items() if not state.healthy]
             log.info("device health changed", extra=kv(driver=self.driver_name, unhealthy=unhealthy or None))
             await self._push_health()

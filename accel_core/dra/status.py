@@ -8,9 +8,10 @@ Off the prepare's critical path: the prepare's thread only hands the prepared cl
 is one server-side apply of ``resourceclaims/status`` with the driver's field manager, carrying only this driver's
 entries (the list is a map keyed by driver, pool, device and share ID, so another driver's entries are left alone)
 and the claim's UID (a claim replaced meanwhile is refused by the API server, not overwritten). Each entry gets a
-``Ready`` condition, the profile's ``data`` and, where the device has a network interface, ``networkData``. A failed
-write is logged and retried a few times; a claim that is gone is dropped. The status is not written again for a
-claim answered from the checkpoint (it was written the first time).
+``Ready`` condition (False, ``DeviceUnhealthy``, for a device unhealthy at the write; later health changes and
+failed prepares are written by :mod:`accel_core.dra.reporter`), the profile's ``data`` and, where the device has a
+network interface, ``networkData``. A failed write is logged and retried a few times; a claim that is gone is
+dropped. The status is not written again for a claim answered from the checkpoint (it was written the first time).
 
 The API server authorizes such a write twice (granular status authorization, on by default since 1.36):
 ``patch`` on ``resourceclaims/status``, and for ``status.devices`` the driver's own permission on the
@@ -30,14 +31,14 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
+from accel_core.dra.claimreport import API_VERSION, ready_condition
 from accel_core.dra.prepared import PreparedClaim
+from accel_core.health import DeviceHealth
 from accel_core.logs import kv
 from accel_core.watch import STOP, wake
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "resource.k8s.io/v1"
-READY = "Ready"
 #: Attempts per claim, and the pause before the first retry (doubled each time).
 ATTEMPTS = 4
 RETRY_SECONDS = 1.0
@@ -48,15 +49,16 @@ MAX_PENDING = 4096
 DELAY_SECONDS = 0.2
 
 
-def status_patch(claim: PreparedClaim, driver: str, now: datetime) -> dict[str, Any]:
-    """The server-side apply body for ``claim``: this driver's ``status.devices`` entries, one per device."""
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def status_patch(claim: PreparedClaim, driver: str, now: datetime,
+                 health: Callable[[str], DeviceHealth | None] = lambda device: None, node: str = "this node"
+                 ) -> dict[str, Any]:
+    """The server-side apply body for ``claim``: this driver's ``status.devices`` entries, one per device; a device
+    unhealthy now gets ``Ready=False`` (``DeviceUnhealthy``)."""
     entries = []
     for device, status in claim.status:
         entry: dict[str, Any] = {
             "driver": driver, "pool": claim.pool, "device": device,
-            "conditions": [{"type": READY, "status": "True", "reason": "Prepared", "lastTransitionTime": stamp,
-                            "message": "prepared on this node; CDI devices written"}],
+            "conditions": [ready_condition(f"{claim.namespace}/{claim.name}", device, node, health(device), now)],
             "data": dict(status.data),
         }
         if status.network:
@@ -71,9 +73,12 @@ class DeviceStatusWriter:
     """Writes the device status of prepared claims from a task on the event loop (:meth:`run`)."""
 
     def __init__(self, client: AsyncClient, driver: str, *,
-                 still_prepared: Callable[[str], bool] = lambda uid: True, delay: float = DELAY_SECONDS) -> None:
+                 still_prepared: Callable[[str], bool] = lambda uid: True, delay: float = DELAY_SECONDS,
+                 health: Callable[[str], DeviceHealth | None] = lambda device: None, node: str = "this node") -> None:
         self.client = client
         self.driver = driver
+        self.health = health
+        self.node = node
         self.still_prepared = still_prepared
         self.delay = delay
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,10 +137,9 @@ class DeviceStatusWriter:
         pause = RETRY_SECONDS
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                await self.client.patch(ResourceClaim.Status, claim.name, status_patch(claim, self.driver,
-                                                                                       datetime.now(UTC)),
-                                        namespace=claim.namespace, patch_type=PatchType.APPLY,
-                                        field_manager=self.driver, force=True)
+                body = status_patch(claim, self.driver, datetime.now(UTC), self.health, self.node)
+                await self.client.patch(ResourceClaim.Status, claim.name, body, namespace=claim.namespace,
+                                        patch_type=PatchType.APPLY, field_manager=self.driver, force=True)
             except ApiError as exc:
                 code = exc.status.code
                 if code in (404, 409):  # deleted, or replaced by a claim with another UID

@@ -80,6 +80,11 @@ rules:
   - apiGroups: ["resource.k8s.io"]
     resources: ["resourceslices"]
     verbs: ["list", "watch", "create", "update", "delete"]
+  # Raise a Warning Event on the pod of a claim that cannot be prepared (events.k8s.io/v1, server-side apply: create
+  # the first time, patch to count the kubelet's retries in the Event's series).
+  - apiGroups: ["events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create", "patch"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
