@@ -100,6 +100,13 @@ def node_name(text: str) -> str:
     return text
 
 
+def object_name(text: str) -> str:
+    """A Kubernetes object or namespace name (a lower-case DNS subdomain of at most 253 characters)."""
+    if not is_subdomain(text):
+        raise argparse.ArgumentTypeError(f"expected an object name (lower-case DNS subdomain), got {describe(text)}")
+    return text
+
+
 def uid(text: str) -> str:
     """A Kubernetes object UID (:func:`accel_core.k8snames.is_uid`): safe in a file name."""
     if not is_uid(text):

@@ -10,8 +10,10 @@ A scanner owns everything both daemons of an accelerator must agree on, so neith
 - ``health_files(paths, inventory)``: the few files that carry health but raise no change event on real sysfs
   (port state, error counters), polled between rescans (:mod:`accel_core.healthpoll`);
 - ``udev_subsystems``: the udev subsystems whose events start a rescan on a real host;
-- ``coexistence``: the one rule by which the device plugin and the DRA driver of the accelerator step aside for
-  each other (:class:`accel_core.coexistence.Coexistence`).
+- ``coexistence``: the one rule by which the device plugin and the DRA driver of the accelerator share a node
+  (:class:`accel_core.coexistence.Coexistence`: the DRA driver wins);
+- ``device_plugin_ids(inventory)``: each DRA device name with the device-plugin ``(resource, ID)`` pairs that are
+  the same hardware, so each side can leave out what running pods of the other still hold.
 
 The device-plugin policy keeps only resources and allocation; the DRA profile only slices, configs and container
 edits. A new accelerator is a discovery module, a scanner, a small policy and a small profile.
@@ -64,6 +66,24 @@ class HostScanner(Protocol[InventoryT]):
     def watch_paths(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
 
     def health_files(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
+
+    def device_plugin_ids(self, inventory: InventoryT) -> Mapping[str, tuple[tuple[str, str], ...]]: ...
+
+
+def held_dra_devices(ids: Mapping[str, tuple[tuple[str, str], ...]],
+                     in_use: Mapping[str, set[str]]) -> frozenset[str]:
+    """The DRA device names any of whose device-plugin IDs pods hold (``in_use``: resource -> IDs)."""
+    return frozenset(name for name, pairs in ids.items() if any(i in in_use.get(r, ()) for r, i in pairs))
+
+
+def held_device_plugin_ids(ids: Mapping[str, tuple[tuple[str, str], ...]],
+                           dra_devices: Iterable[str]) -> dict[str, set[str]]:
+    """resource -> the device-plugin IDs that are the same hardware as the given DRA devices."""
+    out: dict[str, set[str]] = {}
+    for name in dra_devices:
+        for resource, device_id in ids.get(name, ()):
+            out.setdefault(resource, set()).add(device_id)
+    return out
 
 
 class SeenDevices(Generic[K, D]):

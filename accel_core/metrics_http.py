@@ -15,7 +15,9 @@ Here, on one thread with its own event loop:
 - :meth:`MetricsServer.shutdown` closes everything at once; the thread is a daemon thread, so nothing it does can
   hold up the process's exit.
 
-Paths: ``/metrics`` (text format 0.0.4) and ``/healthz`` (``ok``); GET and HEAD; HTTP/1.1 keep-alive.
+Paths: ``/metrics`` (text format 0.0.4), ``/healthz`` (``ok``) and ``/readyz`` (``ok``, or 503 with the reason the
+daemon gives for not serving, e.g. a device plugin standing down for the DRA driver); GET and HEAD; HTTP/1.1
+keep-alive.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -83,8 +86,10 @@ class MetricsServer:
 
     def __init__(self, registry: CollectorRegistry, address: str, port: int, *, max_age: float = 2.0,
                  max_connections: int = 64, request_timeout: float = 5.0, idle_timeout: float = 60.0,
-                 write_timeout: float = 10.0, rate: float = 20.0, burst: int = 10) -> None:
+                 write_timeout: float = 10.0, rate: float = 20.0, burst: int = 10,
+                 not_ready: Callable[[], str | None] | None = None) -> None:
         self.registry = registry
+        self.not_ready = not_ready
         self.address = address
         self.requested_port = port
         self.max_age = max_age
@@ -230,6 +235,12 @@ class MetricsServer:
         if path == "/healthz":
             await self._send(writer, 200, b"ok\n", "text/plain", keep_alive, head_only=method == "HEAD")
             return keep_alive
+        if path == "/readyz":
+            reason = self.not_ready() if self.not_ready is not None else None
+            status, body = (200, b"ok\n") if reason is None else (503, f"not ready: {reason}\n".encode())
+            await self._send(writer, status, body, "text/plain; charset=utf-8", keep_alive,
+                             head_only=method == "HEAD")
+            return keep_alive
         if path != "/metrics":
             await self._send(writer, 404, b"see /metrics\n", "text/plain", keep_alive, head_only=method == "HEAD")
             return keep_alive
@@ -298,11 +309,12 @@ class MetricsServer:
             future.set_result(snap)
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, address: str) -> MetricsServer | None:
+def serve_metrics(registry: CollectorRegistry, port: int, address: str, *,
+                  not_ready: Callable[[], str | None] | None = None) -> MetricsServer | None:
     """Start a :class:`MetricsServer`; port 0 disables it. Logs and returns None when it cannot listen."""
     if port <= 0:
         return None
-    server = MetricsServer(registry, address, port)
+    server = MetricsServer(registry, address, port, not_ready=not_ready)
     try:
         server.start()
     except (OSError, ValueError) as exc:

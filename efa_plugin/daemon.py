@@ -36,7 +36,8 @@ DEFAULT_HEALTH_POLL_S = 0.75
 async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: CollectorRegistry | None = None,
                      rescan_interval: float = DEFAULT_RESCAN_S, retry_interval: float = 1.0,
                      health_poll_interval: float = DEFAULT_HEALTH_POLL_S, metrics_port: int = 0,
-                     metrics_address: str = "127.0.0.1") -> None:
+                     metrics_address: str = "127.0.0.1", node_name: str | None = None,
+                     kubeconfig: str | None = None) -> None:
     """The daemon body: serve and register, then discover, follow host changes until ``stop``.
 
     Also used by the component tests and the benchmark, so they exercise exactly this wiring.
@@ -47,17 +48,25 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
     # the kubelet knows us (or there is nothing to register yet): load the rest now
     from prometheus_client import CollectorRegistry
 
+    from accel_core.deviceplugin.handover import DraHandover
     from accel_core.deviceplugin.runner import serve_device_plugins
     from accel_core.metrics import CallbackCollector, serve_metrics
+    from accel_core.nodeevents import LazyClient, NodeEvents
+    from efa_plugin import COEXISTENCE
     from efa_plugin.metrics import AllocatedDevices, EfaMetrics
     from efa_plugin.policy import EfaPolicy
 
     registry = registry if registry is not None else CollectorRegistry()
     policy = EfaPolicy(paths)
     await asyncio.to_thread(policy.rediscover)  # off the loop: the kubelet may be calling us already
+    client = LazyClient(kubeconfig, DAEMON_NAME)
+    handover = DraHandover(COEXISTENCE, paths, lambda: policy.scanner.device_plugin_ids(policy.inventory),
+                           events=NodeEvents(client, node_name, DAEMON_NAME))
+    await handover.refresh()  # whether the DRA driver serves this node, and what its claims hold
+    server.held = handover.held
     allocated = AllocatedDevices(paths.pod_resources_socket, RESOURCE_NAME)
     registry.register(CallbackCollector(EfaMetrics(policy, allocated)))
-    metrics_server = serve_metrics(registry, metrics_port, metrics_address)
+    metrics_server = serve_metrics(registry, metrics_port, metrics_address, not_ready=handover.not_ready)
     await server.attach(policy, registry)
     real_host = os.path.realpath(paths.host_root) == "/"
 
@@ -74,9 +83,14 @@ async def run_plugin(paths: HostPaths, stop: asyncio.Event, *, registry: Collect
             udev_subsystems=policy.scanner.udev_subsystems if real_host else (),
             health_files=policy.health_files,
             poll_interval=health_poll_interval,
+            handover=handover,
         )
     finally:
         allocated.close()
+        await handover.aclose()
+        if handover.events is not None:
+            await handover.events.drain()
+        await client.aclose()
         if metrics_server is not None:
             metrics_server.shutdown()
 
@@ -90,6 +104,7 @@ def serve(paths: HostPaths, args: argparse.Namespace) -> Callable[[asyncio.Event
     async def main(stop: asyncio.Event) -> None:
         await run_plugin(paths, stop, rescan_interval=args.rescan_interval,
                          health_poll_interval=args.health_poll_interval, metrics_port=args.metrics_port,
-                         metrics_address=args.metrics_address)
+                         metrics_address=args.metrics_address, node_name=args.node_name,
+                         kubeconfig=args.kubeconfig)
 
     return main

@@ -85,7 +85,7 @@ class EfaPolicy:
 
     def watch_paths(self) -> list[Path]:
         return [*self.scanner.watch_paths(self.paths, self._inventory),
-                self.scanner.coexistence.device_plugin_watch_path(self.paths)]
+                *self.scanner.coexistence.device_plugin_watch_paths(self.paths)]
 
     def health_files(self) -> list[Path]:
         return self.scanner.health_files(self.paths, self._inventory)

@@ -11,7 +11,7 @@ from pathlib import Path
 from accel_core.coexistence import Coexistence
 from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
-from efa_plugin import COEXISTENCE
+from efa_plugin import COEXISTENCE, RESOURCE_NAME
 from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
 from efa_plugin.health import device_health, port_state_files, present, vanished
 
@@ -41,6 +41,12 @@ class EfaScanner:
         ``/dev/infiniband`` (device nodes) and each present device's port ``state``. A few dozen watches, not
         hundreds; anything else waits for the periodic rescan. Each daemon adds its side of the guard."""
         return [paths.host(f"{CLASS_VERBS}/abi_version"), paths.host(RDMA_CM), *self.health_files(paths, inventory)]
+
+    def device_plugin_ids(self, inventory: EfaInventory) -> dict[str, tuple[tuple[str, str], ...]]:
+        """Each EFA's DRA device name with its one ``vpc.amazonaws.com/efa`` ID."""
+        from efa_plugin.dra.names import device_name
+
+        return {device_name(d): ((RESOURCE_NAME, d.id),) for d in inventory.devices}
 
     def health_files(self, paths: HostPaths, inventory: EfaInventory) -> list[Path]:
         """Each present device's port ``state`` files: real sysfs raises no event when a port goes DOWN."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from accel_core.coexistence import Coexistence
 from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
-from neuron_dra import COEXISTENCE
+from neuron_dra import COEXISTENCE, DEVICE_PREFIX, NEURON_RESOURCE, NEURONCORE_RESOURCE
 from neuron_dra import health as health_rule
 from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover, refresh_state
 
@@ -77,6 +77,15 @@ class NeuronScanner:
             out.append(paths.host(dev.dev_node))
             out.append(paths.host(f"{CLASS_DIR}/neuron{dev.index}/stats/hardware"))
         return out
+
+    def device_plugin_ids(self, inventory: NeuronInventory) -> dict[str, tuple[tuple[str, str], ...]]:
+        """Each chip's DRA device name with its ``aws.amazon.com/neuron`` ID (the device index) and its
+        ``aws.amazon.com/neuroncore`` IDs (global logical core indices: index * logical cores per device + local)."""
+        per = inventory.logical_cores_per_device()
+        return {f"{DEVICE_PREFIX}{d.index}": ((NEURON_RESOURCE, str(d.index)),
+                                              *((NEURONCORE_RESOURCE, str(c))
+                                                for c in range(d.index * per, (d.index + 1) * per)))
+                for d in inventory.devices}
 
     def health_files(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
         """Each present device's uncorrected-error counter files."""

@@ -4,7 +4,8 @@ On every host change (inotify/udev event or the slow periodic rescan) the driver
 host, then every server re-reads its policy's device list and streams it if it changed. Between rescans, a fast
 poll (an event-loop timer, :class:`~accel_core.healthpoll.PollTimer`) re-reads only the few files that carry
 health and have no change event on real sysfs (``health_files``); when one of them changed, that counts as a host
-change.
+change. With a :class:`~accel_core.deviceplugin.handover.DraHandover`, each pass also re-reads the coexistence rule
+and what DRA claims hold, and the watcher is woken when the rule may change with no file event (a lease ends).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from accel_core.deviceplugin.handover import DraHandover
 from accel_core.deviceplugin.server import DevicePluginServer
 from accel_core.healthpoll import FilePoller, PollTimer
 from accel_core.logs import kv
@@ -34,6 +36,7 @@ async def serve_device_plugins(
     extra_refresh: Callable[[], None] | None = None,
     health_files: Callable[[], Iterable[Path]] | None = None,
     poll_interval: float | None = None,
+    handover: DraHandover | None = None,
 ) -> None:
     """Serve until ``stop``; ``rediscover`` must not raise for bad host files (it logs and degrades instead)."""
     tasks = [s.start(stop) for s in servers]  # already running when started early (register_first)
@@ -44,6 +47,10 @@ async def serve_device_plugins(
     timer = None
     if health_files is not None and poll_interval is not None:
         timer = PollTimer(poller, poll_interval, lambda: watcher.kick("health"))
+    recheck: asyncio.TimerHandle | None = None
+    if handover is not None:
+        for server in servers:
+            server.held = handover.held
     async with watcher:
         if timer is not None:
             timer.start()
@@ -58,6 +65,13 @@ async def serve_device_plugins(
                     continue
                 if health_files is not None:
                     poller.watch(health_files())
+                if handover is not None:
+                    await handover.refresh()
+                    if recheck is not None:
+                        recheck.cancel()
+                    delay = handover.recheck_in()
+                    recheck = (asyncio.get_running_loop().call_later(delay, watcher.kick, "coexistence")
+                               if delay is not None else None)
                 for server in servers:
                     await server.refresh()
             for task in tasks:
@@ -66,6 +80,8 @@ async def serve_device_plugins(
         finally:
             if timer is not None:
                 timer.cancel()
+            if recheck is not None:
+                recheck.cancel()
             poller.close()
             stop.set()
             for task in tasks:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -174,6 +175,10 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+def _nothing_held(_resource: str) -> frozenset[str]:
+    return frozenset()
+
+
 class DevicePluginServer:
     """Serves one extended resource for one policy until ``stop`` is set."""
 
@@ -221,6 +226,9 @@ class DevicePluginServer:
         self._watcher: ChangeWatcher | None = None
         self._last_problem = ""
         self.registered = asyncio.Event()
+        #: IDs of a resource that pods hold through the DRA driver of the same hardware (advertised Unhealthy); set
+        #: by the runner from its :class:`~accel_core.deviceplugin.handover.DraHandover`
+        self.held: Callable[[str], frozenset[str]] = _nothing_held
 
     @property
     def socket_path(self) -> Path:
@@ -273,6 +281,9 @@ class DevicePluginServer:
         try:
             blocked = self.policy.advertise_blocked()
             devices = [] if blocked else list(self.policy.devices())
+            held = self.held(self.resource_name) if devices else frozenset()
+            if held:  # the same hardware is in a DRA claim's hands: not allocatable until its pod ends
+                devices = [dataclasses.replace(d, healthy=False) if d.id in held else d for d in devices]
         except Exception:  # a policy bug must not take the daemon down: keep the last good list
             log.exception("reading the device list failed; keeping the previous one",
                           extra=kv(resource=self.policy.resource_name))

@@ -39,6 +39,7 @@ from accel_core.cli import (
     choice,
     node_name,
     not_a_directory,
+    object_name,
     port_or_disabled,
     safe_stdout,
     seconds,
@@ -106,6 +107,12 @@ class DriverCli:
         _node_flag(serve)
         serve.add_env_argument("--pod-uid", env=ENV_POD_UID, type=uid, default=None,
                                help="this pod's UID, for per-pod socket names during rolling updates (env POD_UID)")
+        serve.add_env_argument("--daemonset-name", env="DAEMONSET_NAME", type=object_name, default=None,
+                               help="the DaemonSet this pod belongs to (env DAEMONSET_NAME, with POD_NAMESPACE): "
+                                    "asked at shutdown whether the driver leaves the node for good (DaemonSet gone "
+                                    "or no longer selecting the node), so the device plugin may serve it at once")
+        serve.add_env_argument("--pod-namespace", env="POD_NAMESPACE", type=object_name, default=None,
+                               help="this pod's namespace (env POD_NAMESPACE)")
         serve.add_env_argument("--healthcheck-port", env="HEALTHCHECK_PORT", type=port_or_disabled,
                                default=self.healthcheck_port,
                                help=f"gRPC liveness port (env HEALTHCHECK_PORT; default {self.healthcheck_port}; "
@@ -237,7 +244,9 @@ class DriverCli:
                                  remove_slices_on_exit=args.remove_slices_on_exit,
                                  device_status=args.device_status == "on",
                                  taint_effect=args.unhealthy_taint_effect, registry=registry,
-                                 instance_lock=instance, registration_wait=args.registration_wait)
+                                 instance_lock=instance, registration_wait=args.registration_wait,
+                                 daemonset=((args.pod_namespace, args.daemonset_name)
+                                            if args.pod_namespace and args.daemonset_name else None))
             try:
                 await service.run(stop)
             finally:

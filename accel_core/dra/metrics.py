@@ -29,6 +29,10 @@ class DriverMetrics:
             "durable write)", ["phase"], registry=reg,
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
         self.devices = Gauge(f"{prefix}_devices", "Devices this driver publishes on this node", registry=reg)
+        self.held_by_device_plugin = Gauge(
+            f"{prefix}_devices_held_by_device_plugin",
+            "Devices left out of the ResourceSlices because running pods hold them through the device plugin",
+            registry=reg)
         self.device_healthy = Gauge(f"{prefix}_device_healthy", "1 when the device is healthy, 0 otherwise",
                                     ["device"], registry=reg)
         self.cdi_specs_restored = Counter(f"{prefix}_cdi_specs_restored_total",

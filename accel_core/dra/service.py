@@ -37,6 +37,7 @@ from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.devices import SliceValidationError
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.handover import DevicePluginHolds, Presence
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
@@ -65,6 +66,8 @@ DEFAULT_RESCAN_INTERVAL = 60.0
 #: a change reaches the kubelet within 1 s (poll, 50 ms debounce, rescan, health stream send).
 DEFAULT_HEALTH_POLL_INTERVAL = 0.75
 FALLBACK_VERSION = "0.1.0"
+#: seconds between rescans while device-plugin pods hold some of the devices (their end raises no host event)
+HELD_RECHECK_S = 5.0
 
 
 def dra_driver_version() -> str:
@@ -105,6 +108,7 @@ class DraService:
         dra_version: str | None = None,
         instance_lock: InstanceLock | None = None,
         registration_wait: float = 0.0,
+        daemonset: tuple[str, str] | None = None,
     ) -> None:
         self.profile = profile
         self.registration_wait = registration_wait
@@ -137,7 +141,7 @@ class DraService:
                                        write_status=device_status)
                          if client is not None else None)
         self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
-                                inventory=lambda: self.inventory, blocked=self.blocked, metrics=self.metrics,
+                                inventory=lambda: self.inventory, metrics=self.metrics,
                                 status_sink=self._prepared if client is not None else None,
                                 problem_sink=self.reporter.submit if self.reporter is not None else None)
         self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)
@@ -152,7 +156,12 @@ class DraService:
         self.ready = asyncio.Event()
         self.poller = FilePoller()  #: the profile's health files, re-watched after every scan
         self._last_push = 0.0  # loop time of the last full list sent to the health stream
-        self._blocked_logged: str | None = None
+        coexistence = profile.scanner.coexistence
+        self.holds = DevicePluginHolds(coexistence, paths)  #: devices device-plugin pods still hold (not published)
+        self.presence = Presence(coexistence, paths, node=node_name, pod_uid=pod_uid, client=client,
+                                 daemonset=daemonset)
+        self.held: frozenset[str] = frozenset()
+        self._sharing_logged: str | None = None
         self._problems = ProblemLog(log, "host problem", "host problem resolved")
 
     @property
@@ -167,9 +176,6 @@ class DraService:
         if self.reporter is not None:
             self.reporter.resolved([c.uid for c in claims])
 
-    def blocked(self) -> str | None:
-        return self.profile.scanner.coexistence.dra_blocked(self.paths)
-
     async def check_liveness(self) -> str | None:
         return await check_own_sockets(str(self.plugin.registration_socket), str(self.plugin.dra_socket))
 
@@ -177,26 +183,35 @@ class DraService:
         scanner = self.profile.scanner
         return [*scanner.watch_paths(self.paths, self.inventory), scanner.coexistence.dra_watch_path(self.paths)]
 
-    def _look(self) -> tuple[Scan[Any], str | None, list[Path]]:
-        """The host scan, the guard and the health files to poll, read together in a worker thread."""
+    def _look(self) -> tuple[Scan[Any], str | None, frozenset[str], list[Path]]:
+        """The host scan, whether the device plugin is here too and which devices its pods hold, and the health
+        files to poll, read together in a worker thread."""
         scan = self.profile.scan(self.paths, self.dra_version)
-        return scan, self.blocked(), self.profile.scanner.health_files(self.paths, scan.inventory)
+        scanner = self.profile.scanner
+        held = self.holds.held(scanner.device_plugin_ids(scan.inventory))
+        return (scan, scanner.coexistence.dra_sharing_note(self.paths), held,
+                scanner.health_files(self.paths, scan.inventory))
 
     async def rescan(self) -> Scan[Any]:
         """Re-read the host (off the event loop) and hand the result to the publisher; returns what it found."""
-        self.scan, reason, health_files = await asyncio.to_thread(self._look)
+        self.scan, sharing, held, health_files = await asyncio.to_thread(self._look)
         self.poller.watch(health_files)  # a few opens and preads, as the device plugins do on their loop
         self._problems.update(("", p) for p in self.scan.problems)
-        if reason != self._blocked_logged:
-            if reason:
-                log.warning("publishing nothing", extra=kv(driver=self.driver_name, reason=reason))
-            elif self._blocked_logged:
-                log.info("the device plugin is gone; publishing devices again", extra=kv(driver=self.driver_name))
-            self._blocked_logged = reason
+        if sharing != self._sharing_logged:
+            if sharing:
+                log.warning("the device plugin is on this node too", extra=kv(driver=self.driver_name, note=sharing))
+            elif self._sharing_logged:
+                log.info("the device plugin has left this node", extra=kv(driver=self.driver_name))
+            self._sharing_logged = sharing
+        if held != self.held:
+            log.info("devices held by device-plugin pods stay unpublished until those pods end",
+                     extra=kv(driver=self.driver_name, held=sorted(held) or None))
+            self.held = held
+        self.metrics.held_by_device_plugin.set(len(held))
         self.own_node.want(labels=self.scan.node_labels, annotations=self.scan.node_annotations)
         if self.publisher is not None:
-            devices = [] if reason else tainted(self.driver_name, self.scan.devices, self.scan.health,
-                                                 self.taint_effect)
+            devices = tainted(self.driver_name, [d for d in self.scan.devices if d.name not in held],
+                              self.scan.health, self.taint_effect)
             try:
                 self.publisher.set_devices(devices, self.scan.counters if devices else ())
             except SliceValidationError as exc:
@@ -248,6 +263,7 @@ class DraService:
         if self.reporter is not None:
             tasks.append(asyncio.create_task(self.reporter.run(stop)))
             self.reporter.health_changed(self._health(), self.store.claims())  # unhealthy since the last run
+        tasks.append(asyncio.create_task(self.presence.run(stop)))
         if self.client is not None and self.cleanup_interval > 0:
             tasks.append(asyncio.create_task(self.cleaner.run(stop, self.cleanup_interval)))
         self.ready.set()
@@ -281,6 +297,7 @@ class DraService:
             timer = PollTimer(self.poller, self.health_poll_interval, lambda: watcher.kick("health"))
             timer.start()
             refresh = asyncio.create_task(self._refresh_health(stop))
+            held_recheck = asyncio.create_task(self._recheck_held(watcher, stop))
             try:
                 async for _ in watcher.changes(stop):
                     await self.rescan()
@@ -289,7 +306,15 @@ class DraService:
                 timer.cancel()
                 self.poller.close()
                 refresh.cancel()
-                await asyncio.gather(refresh, return_exceptions=True)
+                held_recheck.cancel()
+                await asyncio.gather(refresh, held_recheck, return_exceptions=True)
+
+    async def _recheck_held(self, watcher: ChangeWatcher, stop: asyncio.Event) -> None:
+        """While device-plugin pods hold some devices, rescan every HELD_RECHECK_S (their end raises no host event),
+        so a freed device is published within seconds."""
+        while await wake(stop, timeout=HELD_RECHECK_S) != STOP:
+            if self.held:
+                watcher.kick("devices held by device-plugin pods")
 
     async def _report_health(self) -> None:
         """After a rescan: send the full list when health changed."""
@@ -336,7 +361,9 @@ class DraService:
             except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
         await self._fold_journal()
-        if self.remove_slices_on_exit and self.publisher is not None:
+        leaving = await self.presence.leave_or_stay() != "restart"
+        await asyncio.to_thread(self.holds.close)
+        if (self.remove_slices_on_exit or leaving) and self.publisher is not None:
             try:
                 await self.publisher.remove_all()
             except Exception as exc:

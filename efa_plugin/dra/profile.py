@@ -33,6 +33,7 @@ from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME
 from efa_plugin.discovery import EfaDevice, EfaInventory
 from efa_plugin.dra.config import EfaParams
+from efa_plugin.dra.names import device_name
 from efa_plugin.health import device_health, present
 from efa_plugin.scanner import RDMA_CM, EfaScanner
 
@@ -45,12 +46,6 @@ PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 @dataclass(frozen=True)
 class EfaConfig:
     """The decoded opaque config (``EfaConfig`` has no settings yet; strict decoding still refuses typos)."""
-
-
-def device_name(dev: EfaDevice) -> str:
-    """``efa-0000-4f-00-0``; the ibdev name for a device without a PCI address."""
-    base = dev.pci_address if dev.pci_address else dev.ibdev
-    return "efa-" + "".join(c if c.isalnum() else "-" for c in base.lower())[:59].strip("-")
 
 
 def device_attributes(inv: EfaInventory, dev: EfaDevice, dra_version: str) -> dict[str, AttributeValue]:

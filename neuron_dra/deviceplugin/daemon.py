@@ -10,10 +10,12 @@ from prometheus_client import CollectorRegistry
 
 from accel_core.awsfacts import ultraserver
 from accel_core.deviceplugin import DevicePluginPolicy, DevicePluginServer
+from accel_core.deviceplugin.handover import DraHandover
 from accel_core.deviceplugin.runner import serve_device_plugins
 from accel_core.logs import kv
 from accel_core.metrics import CallbackCollector, serve_metrics
-from accel_core.ownnode import OwnNode, optional_client
+from accel_core.nodeevents import LazyClient, NodeEvents
+from accel_core.ownnode import OwnNode
 from accel_core.paths import HostPaths
 from accel_core.tasks import logged_task
 from accel_core.watch import STOP, wake
@@ -82,13 +84,13 @@ class NodeLabels:
 OWN_NODE_DELAY_S = 5.0
 
 
-async def own_node_labels(own: OwnNode, kubeconfig: str | None, registered: asyncio.Event,
+async def own_node_labels(own: OwnNode, client: LazyClient, registered: asyncio.Event,
                           stop: asyncio.Event) -> None:
     """Keep our Node labels, starting once the kubelet has our first registration (or after OWN_NODE_DELAY_S):
     the Kubernetes client is not needed for serving, so loading it waits until the kubelet knows us."""
     if not own.node_name or await wake(stop, registered, timeout=OWN_NODE_DELAY_S) == STOP:
         return
-    own.client = optional_client(kubeconfig, "neuron-device-plugin")
+    own.client = client()
     await own.run(stop)
 
 
@@ -115,6 +117,9 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
         servers = [DevicePluginServer(policy, paths, registry=registry, retry_interval=options.retry_interval)
                    for policy in policies]
     own = OwnNode(None, options.node_name)  # its API client comes after the first Register (own_node_labels)
+    client = LazyClient(options.kubeconfig, "neuron-device-plugin")
+    handover = DraHandover(node.scanner.coexistence, paths, lambda: node.scanner.device_plugin_ids(node.inventory),
+                           events=NodeEvents(client, options.node_name, "neuron-device-plugin"))
     labelled = NodeLabels(node, own)
     labelled.update()
     usage = UsagePublisher(node, own)
@@ -125,7 +130,7 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
                                 idle_interval=options.pod_resources_idle_interval, registry=registry)
     node.on_change = _then(on_change, poller.kick)  # an Allocate: List soon, even on an idle node
     registry.register(CallbackCollector(NeuronMetrics(node).produce))
-    http = serve_metrics(registry, options.metrics_port, options.metrics_address)
+    http = serve_metrics(registry, options.metrics_port, options.metrics_address, not_ready=handover.not_ready)
     log.info("neuron device plugin starting", extra=kv(**paths.describe(), core_numbering=options.core_numbering,
                                                        rescan_s=options.rescan_interval,
                                                        health_poll_s=options.health_poll_interval))
@@ -134,22 +139,27 @@ async def serve(paths: HostPaths, options: ServeOptions, stop: asyncio.Event, *,
         await poller.poll_once()
     except Exception:  # never fatal: the poller keeps trying
         log.exception("first PodResources List failed")
+    await handover.refresh()  # and what DRA claims hold, and whether the DRA driver serves this node
+    for server in servers:
+        server.held = handover.held
     if early is not None:  # advertise only now, knowing what pods hold
         for server, policy in zip(early, policies, strict=True):
             await server.attach(policy, registry)
     poll_task = logged_task(poller.run(stop), "PodResources poller")
-    own_task = logged_task(own_node_labels(own, options.kubeconfig, servers[0].registered, stop), "Node publisher")
+    own_task = logged_task(own_node_labels(own, client, servers[0].registered, stop), "Node publisher")
     try:
         await serve_device_plugins(servers, _then(labelled.rediscover, usage.publish), node.watch_paths, stop,
                                    rescan_interval=options.rescan_interval,
                                    udev_subsystems=node.scanner.udev_subsystems, health_files=node.health_files,
-                                   poll_interval=options.health_poll_interval)
+                                   poll_interval=options.health_poll_interval, handover=handover)
     finally:
         stop.set()
         # a task that died was logged when it did (logged_task); its error must not hide this shutdown
         await asyncio.gather(poll_task, own_task, return_exceptions=True)
-        if own.client is not None:
-            await own.client.close()
+        await handover.aclose()
+        if handover.events is not None:
+            await handover.events.drain()
+        await client.aclose()
         if http is not None:
             http.shutdown()
 

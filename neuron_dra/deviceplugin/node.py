@@ -48,7 +48,6 @@ class NeuronNode:
         self.inventory = EMPTY_INVENTORY
         self.on_change: Callable[[], None] | None = None
         self._problems = ProblemLog(log, "host problem", "host problem resolved")
-        self._blocked: str | None = None
         self._last_problems: tuple[str, ...] | None = None
         self._first = True
         self._usage_key: tuple[int, int] | None = None  # (usage version, cores per device) of the caches below
@@ -82,20 +81,15 @@ class NeuronNode:
 
     def watch_paths(self) -> list[Path]:
         return [*self.scanner.watch_paths(self.paths, self.inventory),
-                self.scanner.coexistence.device_plugin_watch_path(self.paths)]
+                *self.scanner.coexistence.device_plugin_watch_paths(self.paths)]
 
     def health_files(self) -> list[Path]:
         return self.scanner.health_files(self.paths, self.inventory)
 
     def blocked(self) -> str | None:
-        reason = self.scanner.coexistence.device_plugin_blocked(self.paths)
-        if reason != self._blocked:
-            if reason:
-                log.warning("advertising nothing", extra=kv(reason=reason))
-            elif self._blocked:
-                log.info("Neuron DRA driver registration gone; advertising devices again")
-            self._blocked = reason
-        return reason
+        """Why nothing is advertised now (the DRA driver serves this node), or None; the daemon's
+        :class:`~accel_core.deviceplugin.handover.DraHandover` logs and reports the changes."""
+        return self.scanner.coexistence.device_plugin_blocked(self.paths)
 
     # -- IDs -----------------------------------------------------------------------------------------------------
     @property

@@ -22,10 +22,9 @@ from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
 from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.profile import unhealthy_taint_key
 from accel_core.hostfiles import parse_index
-from neuron_dra import DRA_DRIVER_NAME
+from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 
-DEVICE_PREFIX = "neuron-device-"
 RESOURCE_TYPE = "neuron_device"
 UNHEALTHY_TAINT_KEY = unhealthy_taint_key(DRA_DRIVER_NAME)
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

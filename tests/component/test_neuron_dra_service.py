@@ -23,6 +23,7 @@ from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, He
 from accel_core.dra.service import DraService
 from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
+from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.paths import HostPaths
 from neuron_dra.dra.profile import NeuronProfile
 
@@ -213,25 +214,63 @@ def test_liveness_probe_checks_the_driver_sockets(short_tmp: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_guard_refuses_while_the_device_plugin_runs(short_tmp: Path) -> None:
-    rig = Rig(short_tmp, "inf2.xlarge")
+class _SlicesPublisher:
+    """Stands in for the slice publisher: keeps the device names of the last set_devices call."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.changed = asyncio.Event()
+
+    def set_devices(self, devices: Any, *_: object) -> None:
+        names = [d.name for d in devices]
+        if names != self.names:
+            self.names = names
+            self.changed.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+
+
+def test_the_dra_driver_wins_beside_the_device_plugin(short_tmp: Path) -> None:
+    """The DRA driver never stands down for the device plugin: it prepares claims with the device plugin's socket on
+    the node, and leaves out of its slices only the chip a running pod holds through ``aws.amazon.com/neuroncore``
+    (from the kubelet's PodResources), until that pod ends.
+
+    Expected values from the AWS Neuron device plugin's ID scheme (neuroncore ID = device index * logical cores per
+    device + local core) and trn2's 8 NeuronCores per chip at the default LNC 2 (4 logical cores per chip): core 13
+    is on chip 3."""
+    rig = Rig(short_tmp, "trn2.48xlarge")
     plugins = rig.paths.device_plugins_dir
     plugins.mkdir(parents=True)
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(plugins / "neuron-devplugin.sock"))
+    holder = pr.PodResources(name="old-workload", namespace="default", containers=[pr.ContainerResources(
+        name="main", devices=[pr.ContainerDevices(resource_name="aws.amazon.com/neuroncore", device_ids=["13"])])])
+
+    async def published(publisher: _SlicesPublisher, predicate: Any) -> list[str]:
+        async with asyncio.timeout(15):
+            while not predicate(publisher.names):
+                publisher.changed.clear()
+                await publisher.changed.wait()
+        return publisher.names
 
     async def scenario() -> None:
-        async with rig.running() as service:
-            assert service.blocked() is not None and "neuron-devplugin.sock" in str(service.blocked())
+        await rig.standin.start(pod_resources=True)
+        rig.standin.pod_resources = [holder]
+        publisher = _SlicesPublisher()
+        async with rig.running(publisher=publisher) as service:
+            names = await published(publisher, lambda n: len(n) == 15)
+            assert "neuron-device-3" not in names and "neuron-device-2" in names
+            assert service.held == {"neuron-device-3"}
             conn = await rig.standin.register_dra(DRIVER)
             rig.reader.allocate("u-1", "c1", [0])
-            resp: Any = await conn.prepare(("ns", "u-1", "c1"))
-            assert "Neuron device plugin is running" in resp["u-1"].error
-            sock.close()
-            (plugins / "neuron-devplugin.sock").unlink()
             ok: Any = await conn.prepare(("ns", "u-1", "c1"))
-            assert ok["u-1"].error == ""
+            assert ok["u-1"].error == ""  # the device plugin's socket does not stop the driver
+            rig.standin.pod_resources = []  # the old workload ended
+            names = await published(publisher, lambda n: len(n) == 16)
+            assert "neuron-device-3" in names
             await conn.close()
+        await rig.standin.stop()
 
     try:
         asyncio.run(scenario())

@@ -273,7 +273,7 @@ def test_prepare_refuses_unknown_and_vanished_devices(tmp_path: Path) -> None:
 
 
 # -- coexistence -----------------------------------------------------------------------------------------------------
-def test_dra_driver_and_device_plugin_step_aside_for_each_other(short_tmp: Path) -> None:
+def test_the_device_plugin_stands_down_for_the_dra_driver_never_the_reverse(short_tmp: Path) -> None:
     _, paths = host(short_tmp, "p4d.24xlarge")  # short: unix socket paths are bound below
     profile, policy = EfaProfile(), EfaPolicy(paths)
     plugins, registry = paths.device_plugins_dir, paths.plugins_registry_dir
@@ -282,18 +282,18 @@ def test_dra_driver_and_device_plugin_step_aside_for_each_other(short_tmp: Path)
     (plugins / "aws-efa-device-plugin.sock").write_text("")  # a stale regular file is no running plugin
     (registry / ".efa.aws.com-reg.sock").write_text("")  # nor a hidden name
     (registry / "efa.aws.com-reg.sock").write_text("")  # one rule both ways: a regular file is no driver either
-    assert profile.scanner.coexistence.dra_blocked(paths) is None and policy.advertise_blocked() is None
+    assert profile.scanner.coexistence.dra_sharing_note(paths) is None and policy.advertise_blocked() is None
     (plugins / "aws-efa-device-plugin.sock").unlink()
     (registry / "efa.aws.com-reg.sock").unlink()
     socks = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
     try:
         socks[0].bind(str(plugins / "aws-efa-device-plugin.sock"))
-        assert "EFA device plugin is running" in str(profile.scanner.coexistence.dra_blocked(paths))
+        assert "EFA device plugin is also on this node" in str(profile.scanner.coexistence.dra_sharing_note(paths))
         assert policy.advertise_blocked() is None
         socks[1].bind(str(registry / "efa.aws.com-0b7c-reg.sock"))  # a rolling update's pod UID
-        assert "EFA DRA driver (efa.aws.com) is registered" in str(policy.advertise_blocked())
-        # the other drivers' sockets do not count
-        assert NeuronProfile().scanner.coexistence.dra_blocked(paths) is None
+        assert "EFA DRA driver (efa.aws.com) serves this node" in str(policy.advertise_blocked())
+        # the other accelerators' sockets do not count
+        assert NeuronProfile().scanner.coexistence.dra_sharing_note(paths) is None
     finally:
         for s in socks:
             s.close()

@@ -120,10 +120,12 @@ def test_watch_paths_cover_classes_dev_and_ports(p5: tuple[FakeHost, EfaPolicy])
     assert host.ibdev_dir("rdmap79s0") / "ports" / "1" / "state" in paths
     # the EFA DRA driver's registration socket (coexistence guard): its directory is watched
     assert policy.paths.plugins_registry_dir / "efa.aws.com-reg.sock" in paths
-    assert len(paths) == 3 + 32
+    # and its presence file, which outlives a restart of its pod
+    assert policy.paths.plugins_data_dir / "efa.aws.com" / "serving.json" in paths
+    assert len(paths) == 4 + 32
     host.remove_efa("rdmap79s0")
     policy.rediscover()
-    assert len(policy.watch_paths()) == 3 + 31
+    assert len(policy.watch_paths()) == 4 + 31
 
 
 def test_preferred_uses_the_topology(p5: tuple[FakeHost, EfaPolicy]) -> None:

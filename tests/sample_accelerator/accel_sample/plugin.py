@@ -36,7 +36,7 @@ class SaccPolicy:
 
     def watch_paths(self) -> list[Path]:
         return [*self.scanner.watch_paths(self.paths, self.inventory),
-                self.scanner.coexistence.device_plugin_watch_path(self.paths)]
+                *self.scanner.coexistence.device_plugin_watch_paths(self.paths)]
 
     def health_files(self) -> list[Path]:
         return self.scanner.health_files(self.paths, self.inventory)

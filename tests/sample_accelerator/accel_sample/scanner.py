@@ -13,7 +13,7 @@ from accel_core.health import HEALTHY, DeviceHealth
 from accel_core.hostfiles import HostValueError, parse_index, parse_int, read_attr, read_label
 from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
-from accel_sample import DRIVER, SOCKET
+from accel_sample import DRIVER, RESOURCE, SOCKET
 
 CLASS = "/sys/class/sample_accel"
 
@@ -71,7 +71,7 @@ def _vanished(dev: Sacc) -> Sacc:
 
 class SaccScanner:
     udev_subsystems: tuple[str, ...] = ("sample_accel",)
-    coexistence: Coexistence = Coexistence("sample", (SOCKET,), DRIVER)
+    coexistence: Coexistence = Coexistence("sample", (SOCKET,), DRIVER, (RESOURCE,))
 
     def __init__(self) -> None:
         self._seen: SeenDevices[int, Sacc] = SeenDevices(lambda d: d.index, vanished=_vanished)
@@ -83,6 +83,9 @@ class SaccScanner:
 
     def watch_paths(self, paths: HostPaths, inventory: tuple[Sacc, ...]) -> list[Path]:
         return [paths.host(f"{CLASS}/x"), paths.host("/dev/sacc0"), *self.health_files(paths, inventory)]
+
+    def device_plugin_ids(self, inventory: tuple[Sacc, ...]) -> dict[str, tuple[tuple[str, str], ...]]:
+        return {d.id: ((RESOURCE, d.id),) for d in inventory}  # one name on both sides
 
     def health_files(self, paths: HostPaths, inventory: tuple[Sacc, ...]) -> list[Path]:
         return [paths.host(f"{CLASS}/{d.id}/health") for d in inventory if d.health.reason != "DeviceMissing"]
