@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 
 from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.devtools.polling import until
-from accel_core.fakehost import build_host
+from accel_core.fakehost import FakeHost, build_host, clear_host
+from accel_core.kubeletapi import podresources_v1_pb2 as pr
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -64,27 +65,48 @@ async def daemon(*args: str, log: Path) -> AsyncIterator[subprocess.Popen[bytes]
         print(f"  {args[0]} stopped on SIGTERM, exit code {code} (log: {log})")
 
 
-def _scrape(port: int, prefixes: tuple[str, ...], limit: int = 8) -> list[str]:
+def _host(root: Path, instance_type: str) -> FakeHost:
+    """A fresh fake host at ``root`` (a tree left by an earlier run with the same --workdir is replaced)."""
+    clear_host(root)
+    return build_host(root, instance_type)
+
+
+async def _fault(*args: str) -> None:
+    """Run a ``fake-sysfs`` fault verb as a user would, and echo it with its answer."""
+    out = await asyncio.to_thread(_run, "fake-sysfs", *args)
+    print(f"  $ fake-sysfs {' '.join(args[:1] + ('HOST',) + args[2:])}   -> {out.strip()}")
+
+
+def _fetch_metrics(port: int) -> str | None:
     for _ in range(50):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-                text = resp.read().decode()
-            break
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                return str(resp.read().decode())
         except OSError:
             time.sleep(0.1)
-    else:
-        return ["(metrics endpoint did not answer)"]
-    lines = [ln for ln in text.splitlines() if ln.startswith(prefixes) and "_created" not in ln]
-    return lines[:limit] + ([f"... {len(lines) - limit} more"] if len(lines) > limit else [])
+    return None
+
+
+async def _metrics_sample(port: int, picks: list[tuple[str, str]]) -> None:
+    """Print, for each (metric name, label text), the first sample of that name whose labels contain the text.
+    The scrape runs in a thread: a scrape asks the stand-in's PodResources service, which runs on this loop."""
+    text = await asyncio.to_thread(_fetch_metrics, port)
+    if text is None:
+        print("    (metrics endpoint did not answer)")
+        return
+    for name, labels in picks:
+        line = next((ln for ln in text.splitlines() if ln.startswith((name + "{", name + " ")) and labels in ln), None)
+        print(f"    {line or f'{name}: (no sample with {labels})'}")
 
 
 async def efa_section(work: Path) -> None:
     _title("EFA device plugin on a fake p5.48xlarge (32 EFA, 4 per GPU PCIe root)")
-    host = build_host(work / "p5-host", "p5.48xlarge")
-    table = _run("efa-device-plugin", "ls", "--host-root", str(host.root)).rstrip().splitlines()
+    host = _host(work / "p5-host", "p5.48xlarge")
+    root = str(host.root)
+    table = _run("efa-device-plugin", "ls", "--host-root", root).rstrip().splitlines()
     print("\n".join(table[:10] + [f"... ({len(table) - 10} more lines)"]))
     kubelet = KubeletStandIn(work / "p5-kubelet")
-    await kubelet.start()
+    await kubelet.start(pod_resources=True)
     port = _free_port()
     resource = "vpc.amazonaws.com/efa"
     async with daemon("efa-device-plugin", "serve", "--host-root", str(host.root), *kubelet.daemon_flags(),
@@ -101,31 +123,42 @@ async def efa_section(work: Path) -> None:
         resp = await kubelet.allocate(resource, pick[:4])
         specs = [(s.host_path, s.permissions) for s in resp.container_responses[0].devices]
         print(f"  Allocate(4) -> DeviceSpecs {specs}")
-        ibdev = host.efa_ibdevs[0]
-        host.set_port_state(ibdev, "DOWN")
+        # what the kubelet's PodResources API then lists: a pod holding those four
+        kubelet.pod_resources = [_pod_resources("trainer", resource, pick[:4])]
+        held, ibdev = host.efa_ibdevs[0], host.efa_ibdevs[-1]
+        await _fault("port", root, ibdev, "down")
         t0 = time.perf_counter()
         await kubelet.wait_devices(resource, lambda d: sum(x.health != "Healthy" for x in d) == 1)
-        ms = 1000 * (time.perf_counter() - t0)
-        print(f"  port of {ibdev} set DOWN -> Unhealthy in ListAndWatch after {ms:.0f} ms")
-        host.set_port_state(ibdev, "ACTIVE")
+        print(f"    -> {ibdev} Unhealthy in ListAndWatch after {1000 * (time.perf_counter() - t0):.0f} ms")
+        print(f"  metrics sample (health and allocation; {held} is held by a pod, {ibdev}'s port is down):")
+        await _metrics_sample(port, [
+            ("efa_device_healthy", f'device="{held}"'), ("efa_device_healthy", f'device="{ibdev}"'),
+            ("efa_port_active", f'device="{ibdev}"'), ("efa_device_allocated", f'device="{held}"'),
+            ("efa_device_allocated", f'device="{ibdev}"'), ("efa_device_allocations_total", f'device="{held}"'),
+            ("accel_device_plugin_devices", 'health="healthy"'), ("accel_device_plugin_devices", 'health="unhealthy"'),
+            ("accel_device_plugin_allocate_requests_total", 'result="ok"')])
+        await _fault("port", root, ibdev, "up")
         t0 = time.perf_counter()
         await kubelet.wait_devices(resource, lambda d: all(x.health == "Healthy" for x in d))
-        print(f"  port back ACTIVE -> Healthy again after {1000 * (time.perf_counter() - t0):.0f} ms")
+        print(f"    -> Healthy again after {1000 * (time.perf_counter() - t0):.0f} ms")
         await kubelet.restart()
         t0 = time.perf_counter()
         await kubelet.wait_registered(resource, count=2, timeout=10)
         ms = 1000 * (time.perf_counter() - t0)
         print(f"  kubelet restart (all sockets deleted) -> re-registered after {ms:.0f} ms")
-        print("  metrics sample:")
-        for line in _scrape(port, ("efa_",)):
-            print(f"    {line}")
     await kubelet.stop()
+
+
+def _pod_resources(name: str, resource: str, ids: list[str]) -> pr.PodResources:
+    return pr.PodResources(name=name, namespace="default", containers=[pr.ContainerResources(
+        name="main", devices=[pr.ContainerDevices(resource_name=resource, device_ids=ids)])])
 
 
 async def neuron_section(work: Path) -> None:
     _title("Neuron device plugin on a fake trn2.48xlarge (16 devices x 8 cores, 4x4 torus, LNC 2)")
-    host = build_host(work / "trn2-host", "trn2.48xlarge")
-    print(_run("neuron-device-plugin", "ls", "--host-root", str(host.root)).rstrip()[:2500])
+    host = _host(work / "trn2-host", "trn2.48xlarge")
+    root = str(host.root)
+    print(_run("neuron-device-plugin", "ls", "--host-root", root).rstrip()[:2500])
     kubelet = KubeletStandIn(work / "trn2-kubelet")
     await kubelet.start(pod_resources=True)
     port = _free_port()
@@ -148,22 +181,60 @@ async def neuron_section(work: Path) -> None:
                                              lambda d: sum(x.health != "Healthy" for x in d) >= 16, timeout=5)
         print(f"  no double counting: {sum(x.health != 'Healthy' for x in blocked)} neuroncore IDs of the 4 chips "
               "handed out are now Unhealthy")
-        print("  metrics sample:")
-        for line in _scrape(port, ("neuron",)):
-            print(f"    {line}")
+        await _fault("neuron-error", root, "neuron9")
+        t0 = time.perf_counter()
+        await kubelet.wait_devices("aws.amazon.com/neuron", lambda d: any(x.ID == "9" and x.health != "Healthy"
+                                                                         for x in d))
+        print(f"    -> neuron 9 Unhealthy in ListAndWatch after {1000 * (time.perf_counter() - t0):.0f} ms")
+        print("  metrics sample (health and allocation; neuron0-3 handed out whole, 6 cores of neuron4-5 in use, "
+              "neuron9 has an uncorrected error;\n  Unhealthy on aws.amazon.com/neuron: neuron4-5, withheld for "
+              "their cores, and neuron9):")
+        await _metrics_sample(port, [
+            ("neuron_device_plugin_device_healthy", 'neuron_device_index="0"'),
+            ("neuron_device_plugin_device_healthy", 'neuron_device_index="9"'),
+            ("neurondevice_hw_ecc_events_total", 'event_type="mem_ecc_uncorrected",neuron_device_index="9"'),
+            ("accel_device_plugin_devices", 'health="unhealthy",resource="aws.amazon.com/neuron"'),
+            ("neuron_device_plugin_ids_in_use", 'resource="aws.amazon.com/neuron"'),
+            ("neuron_device_plugin_ids_in_use", 'resource="aws.amazon.com/neuroncore"'),
+            ("neuron_device_plugin_ids_withheld", 'resource="aws.amazon.com/neuroncore"'),
+            ("neuron_device_plugin_double_allocated_devices", ""),
+            ("accel_device_plugin_allocate_requests_total", 'resource="aws.amazon.com/neuron",result="ok"')])
+        await _fault("neuron-error", root, "neuron9", "--clear")
+        t0 = time.perf_counter()
+        await kubelet.wait_devices("aws.amazon.com/neuron", lambda d: all(x.health == "Healthy" for x in d
+                                                                          if x.ID == "9"))
+        print(f"    -> neuron 9 Healthy again after {1000 * (time.perf_counter() - t0):.0f} ms")
     await kubelet.stop()
 
 
 def dra_section(work: Path) -> None:
     _title("Neuron DRA driver: the ResourceSlices it publishes for a fake trn2.48xlarge node")
-    host = build_host(work / "trn2-dra-host", "trn2.48xlarge")
+    host = _host(work / "trn2-dra-host", "trn2.48xlarge")
     slices = json.loads(_run("neuron-dra-driver", "slices", "--host-root", str(host.root), "--node-name",
                              "trn2-node-1", "--output", "json"))
     devices = [d for s in slices for d in s["spec"].get("devices", [])]
     print(f"  {len(slices)} ResourceSlice(s), driver {slices[0]['spec']['driver']}, pool "
-          f"{slices[0]['spec']['pool']['name']}, {len(devices)} devices")
-    print("  device 5:")
-    print("    " + json.dumps(devices[5], indent=2).replace("\n", "\n    "))
+          f"{slices[0]['spec']['pool']['name']}, {len(devices)} devices; their topology attributes:\n")
+    for line in topology_table(devices):
+        print(f"  {line}")
+    print("\n  Devices with one ROW id form a connected group of 4 (topology4_id), with one HALF id a group of 8"
+          " (topology8_id);\n  EFA is the EFA each device is grouped with (resource.aws.com/devicegroup1_id)."
+          " A claim's matchAttribute on one of them asks for a connected set.")
+
+
+def topology_table(devices: list[dict[str, Any]]) -> list[str]:
+    """One row per published device: name, PCI address, NUMA node, torus position and connected groups."""
+    def attr(d: dict[str, Any], name: str) -> str:
+        value = d.get("attributes", {}).get(name, {})
+        return str(next(iter(value.values()), "-")) if value else "-"
+
+    rows = [("DEVICE", "BDF", "NUMA", "POSITION (x,y)", "ROW", "HALF", "EFA")]
+    for d in devices:
+        rows.append((d["name"], attr(d, "resource.kubernetes.io/pciBusID"), attr(d, "numaNode"),
+                     f"({attr(d, 'topology_x')},{attr(d, 'topology_y')})", attr(d, "topology4_id"),
+                     attr(d, "topology8_id"), attr(d, "resource.aws.com/devicegroup1_id")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 # The user's objects from the AWS document: the DeviceClass the chart installs and the seed's 4-connected claim.
