@@ -65,6 +65,9 @@ def test_seed_dra_install_objects(helm: Path) -> None:
         ("ClusterRoleBinding", None, "neuron-dra-driver"),
         ("Service", ns, "neuron-dra-driver-metrics"),
         ("DaemonSet", ns, "neuron-dra-driver-kubelet-plugin"),
+        # it reads that one DaemonSet at shutdown: uninstalled (leave the node to the device plugin) or restarting?
+        ("Role", ns, "neuron-dra-driver-kubelet-plugin-own-daemonset"),
+        ("RoleBinding", ns, "neuron-dra-driver-kubelet-plugin-own-daemonset"),
         ("DeviceClass", None, "neuron.aws.com"),
         ("ValidatingAdmissionPolicy", None, "neuron-dra-driver-resourceslices"),
         ("ValidatingAdmissionPolicyBinding", None, "neuron-dra-driver-resourceslices"),
@@ -103,6 +106,7 @@ COMMON_ENV = {
     "LOG_FORMAT": "kv",
     "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
     "POD_UID": {"fieldRef": {"fieldPath": "metadata.uid"}},
+    "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
 }
 COMMON_MOUNTS = {
     "/var/lib/kubelet/plugins_registry": {"host": "/var/lib/kubelet/plugins_registry", "type": "Directory",
@@ -110,6 +114,9 @@ COMMON_MOUNTS = {
     "/var/lib/kubelet/plugins": {"host": "/var/lib/kubelet/plugins", "type": "Directory", "readOnly": False},
     "/var/run/cdi": {"host": "/var/run/cdi", "type": "DirectoryOrCreate", "readOnly": False},
     "/tmp": {"host": None, "type": None, "readOnly": False},
+    # PodResources: devices pods hold through the device plugin stay out of the slices until those pods end
+    "/var/lib/kubelet/pod-resources": {"host": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate",
+                                       "readOnly": True},
 }
 
 #: chart, flags, DaemonSet, namespace, container, command, metrics port and health port (README), driver's own
@@ -140,7 +147,7 @@ def test_dra_daemonset_pinned(helm: Path, chart: Path, flags: tuple[str, ...], n
     c = container(ds)
     assert c["name"] == cname and c["command"] == [command, "serve"]
     assert env_of(c) == {**COMMON_ENV, "METRICS_PORT": str(metrics), "HEALTHCHECK_PORT": str(health),
-                         "METRICS_ADDRESS": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                         "METRICS_ADDRESS": {"fieldRef": {"fieldPath": "status.podIP"}}, "DAEMONSET_NAME": name}
     assert mounts_of(ds) == {**COMMON_MOUNTS, **own}
     assert c["livenessProbe"]["grpc"] == {"port": health, "service": "liveness"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"healthz": health, "metrics": metrics}
@@ -177,5 +184,6 @@ def test_a_new_driver_is_a_block_and_one_include(helm: Path, tmp_path: Path) -> 
         ("ClusterRoleBinding", None, "widget-dra"), ("ValidatingAdmissionPolicy", None, "widget-dra-slices"),
         ("ValidatingAdmissionPolicyBinding", None, "widget-dra-slices"), ("DeviceClass", None, "widget.example.com"),
         ("Service", "widgets", "widget-dra-metrics"), ("DaemonSet", "widgets", "widget-dra"),
+        ("Role", "widgets", "widget-dra-own-daemonset"), ("RoleBinding", "widgets", "widget-dra-own-daemonset"),
     }
     assert container(r.get("DaemonSet", "widget-dra"))["command"] == ["widget-dra-driver", "serve"]

@@ -261,7 +261,8 @@ def test_seed_device_plugin_install(seed_device_plugin: Rendered) -> None:
     assert seed_device_plugin.all("DeviceClass") == []
     assert seed_device_plugin.names("ValidatingAdmissionPolicy") == {"neuron-own-node-keys.default.neuron-helm-chart"}
     role = seed_device_plugin.get("ClusterRole", "neuron-device-plugin")
-    assert granted_rules(role) == {(("",), ("nodes",), ()): {"get", "patch"}}  # only its Node's labels
+    # only its Node's labels, and Events (on its Node, when it stands down for the DRA driver)
+    assert granted_rules(role) == {(("",), ("nodes",), ()): {"get", "patch"}, (("",), ("events",), ()): {"create"}}
     assert seed_device_plugin.all("Namespace") == []
     assert_namespaced(seed_device_plugin)
 
@@ -560,7 +561,7 @@ def test_efa_daemonset_as_the_documents_expect(efa_defaults: Rendered) -> None:
     assert ds["spec"]["template"]["metadata"]["labels"]["name"] == "aws-efa-k8s-device-plugin"
     pod = ds["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True  # for the Events on its Node (nodeEvents), nothing else
     c = container(ds)
     assert c["name"] == "aws-efa-k8s-device-plugin"
     assert c["command"] == ["efa-device-plugin", "serve"]
@@ -571,6 +572,12 @@ def test_efa_daemonset_as_the_documents_expect(efa_defaults: Rendered) -> None:
         "host": "/var/lib/kubelet/device-plugins", "type": "Directory", "readOnly": False,
     }  # fmt: skip
     assert mounts["/dev/infiniband"] == {"host": "/dev/infiniband", "type": "DirectoryOrCreate", "readOnly": True}
+    # the coexistence rule needs the EFA DRA driver's registration socket and presence file, and PodResources (the
+    # plugin used to have neither, so it advertised beside a registered driver)
+    for path in ("/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/efa.aws.com",
+                 "/var/lib/kubelet/pod-resources"):
+        assert mounts[path] == {"host": path, "type": "DirectoryOrCreate", "readOnly": True}, path
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert_namespaced(efa_defaults)
 
 
@@ -681,7 +688,8 @@ def test_efa_dra_driver_objects(helm: Path) -> None:
     assert env["CDI_ROOT"] == "/var/run/cdi" and env["HEALTHCHECK_PORT"] == "51516" and env["METRICS_PORT"] == "9813"
     assert env["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
     assert env["KUBELET_REGISTRAR_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins_registry"
-    assert {e["name"] for e in c["env"] if "valueFrom" in e} == {"NODE_NAME", "POD_UID", "METRICS_ADDRESS"}
+    assert {e["name"] for e in c["env"] if "valueFrom" in e} == {"NODE_NAME", "POD_UID", "METRICS_ADDRESS",
+                                                                  "POD_NAMESPACE"}
     assert c["livenessProbe"]["grpc"] == {"port": 51516, "service": "liveness"}
     mounts = mounts_of(ds)
     assert mounts["/var/lib/kubelet/device-plugins"]["readOnly"] is True

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from hostcache import copy_host
 
 from accel_core.coexistence import Coexistence, remove_presence, write_presence

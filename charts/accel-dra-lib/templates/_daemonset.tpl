@@ -96,6 +96,15 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: metadata.uid
+            # Asked at shutdown: is the DaemonSet gone or no longer meant for this node? Then the driver leaves for
+            # good and the device plugin may serve the node at once; else (a pod restart) the device plugin keeps
+            # standing down (the DRA driver wins).
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+            - name: DAEMONSET_NAME
+              value: {{ .d.names.daemonSet | quote }}
             - name: CDI_ROOT
               value: {{ $cdi | quote }}
             - name: KUBELET_REGISTRAR_DIRECTORY_PATH
@@ -143,10 +152,15 @@ spec:
             # CDI specs written at prepare time and read by the container runtime.
             - name: cdi
               mountPath: {{ $cdi }}
-            # Read-only look for a running device plugin of the same hardware: the driver refuses to publish devices
-            # that the device plugin already advertises on this node.
+            # Read-only look for a device plugin of the same hardware on this node (the DRA driver wins: it serves
+            # anyway, and the device plugin stands down).
             - name: device-plugins
               mountPath: {{ $devicePlugins }}
+              readOnly: true
+            # The kubelet's PodResources API: devices that pods still hold through the device plugin stay out of the
+            # ResourceSlices until those pods end.
+            - name: pod-resources
+              mountPath: {{ $kubelet }}/pod-resources
               readOnly: true
             {{- range .d.hostMounts }}
             - name: {{ .name }}
@@ -175,6 +189,10 @@ spec:
           hostPath:
             path: {{ $devicePlugins }}
             type: {{ .d.devicePluginsDirType }}
+        - name: pod-resources
+          hostPath:
+            path: {{ $kubelet }}/pod-resources
+            type: DirectoryOrCreate
         {{- range .d.hostMounts }}
         - name: {{ .name }}
           hostPath:

@@ -100,6 +100,37 @@ subjects:
   - kind: ServiceAccount
     name: {{ .d.names.serviceAccount }}
     namespace: {{ .d.namespace }}
+---
+{{- /* At shutdown the driver reads its own DaemonSet (is it gone or no longer meant for this node?) to tell an
+       uninstall from a pod restart: only that one DaemonSet, only get. */}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ .d.names.daemonSet }}-own-daemonset
+  namespace: {{ .d.namespace }}
+  labels:
+    {{- .d.labels | nindent 4 }}
+rules:
+  - apiGroups: ["apps"]
+    resources: ["daemonsets"]
+    resourceNames: [{{ .d.names.daemonSet | quote }}]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ .d.names.daemonSet }}-own-daemonset
+  namespace: {{ .d.namespace }}
+  labels:
+    {{- .d.labels | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ .d.names.daemonSet }}-own-daemonset
+subjects:
+  - kind: ServiceAccount
+    name: {{ .d.names.serviceAccount }}
+    namespace: {{ .d.namespace }}
 {{- end }}
 
 {{/* RBAC cannot say "only your own node". The driver's token is bound to its Pod, so it carries the Pod's node in the

@@ -21,6 +21,9 @@
 {{- if $sel.excludeComputeTypes -}}
 {{- $common = append $common (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $sel.excludeComputeTypes) -}}
 {{- end -}}
+{{- with $sel.driverLabel -}}{{- /* migration, node by node: the DRA driver runs where this label is "dra" */ -}}
+{{- $common = append $common (dict "key" . "operator" "In" "values" (list "dra")) -}}
+{{- end -}}
 {{- $terms := list -}}
 {{- if $sel.allNodes -}}
 {{- $terms = append $terms (dict "matchExpressions" $common) -}}

@@ -45,6 +45,9 @@ name: {{ include "efa.fullname" . }}
 {{- if $sel.excludeComputeTypes -}}
 {{- $common = append $common (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $sel.excludeComputeTypes) -}}
 {{- end -}}
+{{- with $sel.driverLabel -}}{{- /* migration, node by node: the device plugin runs where this label is not "dra" */ -}}
+{{- $common = append $common (dict "key" . "operator" "NotIn" "values" (list "dra")) -}}
+{{- end -}}
 {{- $terms := list -}}
 {{- if $sel.allNodes -}}
 {{- $terms = append $terms (dict "matchExpressions" $common) -}}

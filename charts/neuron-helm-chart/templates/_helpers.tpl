@@ -103,6 +103,9 @@ true
 {{- if $sel.excludeComputeTypes -}}
 {{- $common = append $common (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $sel.excludeComputeTypes) -}}
 {{- end -}}
+{{- if and $sel.driverLabel .side -}}{{- /* migration, node by node: the device plugin runs where this label is not "dra" */ -}}
+{{- $common = append $common (dict "key" $sel.driverLabel "operator" "NotIn" "values" (list "dra")) -}}
+{{- end -}}
 {{- $terms := list -}}
 {{- if $sel.allNodes -}}
 {{- $terms = append $terms (dict "matchExpressions" $common) -}}
