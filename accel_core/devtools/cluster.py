@@ -3,8 +3,9 @@ kubelet nodes on fake hosts.
 
     accel-cluster up [--state-dir D] [--node NAME=INSTANCE_TYPE ...] [--runtime fakecri|containerd] [--lnc 1|2]
                      [--no-efa] [--no-with-scheduler] [--no-with-controller-manager]
+    accel-cluster env                 # eval "$(accel-cluster env)": the cluster's kubectl and helm, its KUBECONFIG
     accel-cluster node-env NAME       # KEY=value lines for the daemons: env $(accel-cluster node-env n1) ...
-    accel-cluster logs NAMESPACE/POD [-c CONTAINER]   # a container's output, from its node's /var/log/pods
+    accel-cluster logs NAMESPACE/POD [-c CONTAINER] [-f] [--tail N] [--previous]   # from the node's /var/log/pods
     accel-cluster status | kubeconfig | down [--purge]
 
 The state directory (default ``${XDG_STATE_HOME:-~/.local/state}/aws-accel-agents/cluster``) keeps the
@@ -19,9 +20,12 @@ nodes to a running cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +39,8 @@ from accel_core.devtools.kubeletnode import (
     NodeLayout,
     NodeRecord,
     check_pod_names,
-    pod_log_lines,
+    container_log_files,
+    cri_log_text,
     stop_recorded_node,
 )
 from accel_core.devtools.kubeversions import kube_bin_dir
@@ -198,8 +203,9 @@ def _status(args: argparse.Namespace) -> int:
         live = [p.name for p in node.processes if recorded_process(p) is not None]
         whole = bool(node.processes) and len(live) == len(node.processes)
         state = "running" if whole else ("stopped" if not live else "partly (" + ",".join(live) + ")")
-        print(f"node {node.name:<19} {state:<8} {node.instance_type} ({node.runtime})  "
-              f"kubelet ports={','.join(map(str, node.ports))}  dir={node_dir}")
+        kubelet = f"kubelet {node.loopback}:{node.ports[0]}" if node.loopback and node.ports else \
+            f"kubelet ports={','.join(map(str, node.ports))}"
+        print(f"node {node.name:<19} {state:<8} {node.instance_type} ({node.runtime})  {kubelet}  dir={node_dir}")
         all_up = all_up and whole
     return 0 if all_up else 1
 
@@ -213,9 +219,71 @@ def _node_env(args: argparse.Namespace) -> int:
         return 1
     node = NodeRecord.load(node_dir)
     runtime = node.runtime if node is not None else "fakecri"
-    for key, value in NodeLayout(node_dir, runtime).daemon_env(args.name, Path(record.admin_kubeconfig)).items():
+    for key, value in NodeLayout(node_dir, runtime).node_env(args.name, Path(record.admin_kubeconfig)).items():
         print(f"{key}={value}")
     return 0
+
+
+def env_lines(bin_dir: Path, kubeconfig: Path | None) -> list[str]:
+    """Shell lines that put the cluster's own kubectl and helm first on PATH and point kubectl at the cluster."""
+    out = [f"export PATH={shlex.quote(str(bin_dir))}:\"$PATH\""]
+    if kubeconfig is not None:
+        out.append(f"export KUBECONFIG={shlex.quote(str(kubeconfig))}")
+    return out
+
+
+def _env(args: argparse.Namespace) -> int:
+    record = ClusterRecord.load(args.state_dir)
+    kubeconfig = Path(record.admin_kubeconfig) if record is not None else None
+    print("\n".join(env_lines(kube_bin_dir(), kubeconfig)))
+    if kubeconfig is None:
+        print(f"accel-cluster: no cluster in {args.state_dir}; KUBECONFIG not set (run `accel-cluster up`)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def pick_log_files(runs: list[list[Path]], previous: bool) -> list[Path]:
+    """The files ``accel-cluster logs`` prints: every run of every pod of the name (oldest first), or with
+    ``previous`` only the run before the newest of the newest pod (ValueError when there is none)."""
+    if not previous:
+        return [f for files in runs for f in files]
+    if not runs or len(runs[-1]) < 2:
+        raise ValueError("no previous run of that container (it has not restarted)")
+    return [runs[-1][-2]]
+
+
+def tail_lines(lines: list[str], tail: int | None) -> list[str]:
+    """The last ``tail`` lines (all with None or a negative count, as ``kubectl logs --tail=-1``)."""
+    return lines if tail is None or tail < 0 else lines[max(0, len(lines) - tail):]
+
+
+def _follow(runs: list[list[Path]], offset: int, poll: float = 0.3) -> None:
+    """Print what the newest run of the newest pod writes from ``offset`` on, until that pod's logs are removed
+    (the pod is gone) or Ctrl-C; a later run (a restart) is followed from its start."""
+    pod_dir = runs[-1][-1].parent if runs and runs[-1] else None
+    if pod_dir is None:
+        return
+    current, pending = runs[-1][-1], ""
+    while pod_dir.is_dir():
+        try:
+            with current.open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            data = b""
+        offset += len(data)
+        text = pending + data.decode("utf-8", "replace")
+        *complete, pending = text.split("\n")
+        if complete:
+            sys.stdout.write("".join(cri_log_text(complete)))
+            sys.stdout.flush()
+        newer = sorted((p for p in pod_dir.glob("*.log") if p.stem.isdecimal() and int(p.stem) > int(current.stem)),
+                       key=lambda p: int(p.stem))
+        if newer and not data:
+            current, offset, pending = newer[0], 0, ""
+            continue
+        time.sleep(poll)
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -228,23 +296,43 @@ def _logs(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"accel-cluster: {e}", file=sys.stderr)
         return 2
-    found = False
+    runs: list[list[Path]] = []
     for node_dir in node_dirs(args.state_dir):
         pod_logs = node_dir / "var-log" / "pods"
         containers = sorted({d.name for d in pod_logs.glob(f"{namespace}_{pod}_*/*") if d.is_dir()}) \
             if pod_logs.is_dir() else []
         if not containers:
             continue
-        found = True
         wanted = args.container or containers[0]
         if args.container is None and len(containers) > 1:
             print(f"accel-cluster: {args.pod} has containers {', '.join(containers)}; showing {wanted} (-c to choose)",
                   file=sys.stderr)
-        sys.stdout.write("".join(pod_log_lines(pod_logs, namespace, pod, wanted)))
-    if not found:
+        runs += container_log_files(pod_logs, namespace, pod, wanted)
+    runs = sorted((r for r in runs if r), key=lambda r: r[-1].stat().st_mtime)
+    if not runs:
         print(f"accel-cluster: no logs of {args.pod} on any node of {args.state_dir} (only containerd nodes keep "
               "container output)", file=sys.stderr)
         return 1
+    try:
+        files = pick_log_files(runs, args.previous)
+    except ValueError as e:
+        print(f"accel-cluster: {args.pod}: {e}", file=sys.stderr)
+        return 1
+    raw: list[str] = []
+    for f in files:
+        try:
+            raw += f.read_bytes().decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+    sys.stdout.write("".join(tail_lines(cri_log_text(raw), args.tail)))
+    sys.stdout.flush()
+    if args.follow and not args.previous:
+        try:
+            size = runs[-1][-1].stat().st_size
+        except OSError:
+            size = 0
+        with contextlib.suppress(KeyboardInterrupt):
+            _follow(runs, size)
     return 0
 
 
@@ -281,6 +369,14 @@ def _parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", parents=[common], help="print a container's output (containerd nodes)")
     logs.add_argument("pod", metavar="NAMESPACE/POD")
     logs.add_argument("-c", "--container", help="container name (default: the first)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing what the container writes")
+    logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines (before following)")
+    logs.add_argument("-p", "--previous", action="store_true",
+                      help="the container's run before the current one (after a restart)")
+    ev = sub.add_parser("env", parents=[common],
+                        help='print shell lines for eval "$(accel-cluster env)": the cluster\'s kubectl and helm '
+                             "first on PATH, KUBECONFIG")
+    ev.set_defaults(func=_env)
     logs.set_defaults(func=_logs)
     return parser
 

@@ -25,6 +25,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,11 +60,14 @@ from accel_core.devtools.controlplane_processes import (
     terminate_processes,
 )
 from accel_core.devtools.kubeversions import KUBE_BINARIES, build_script, kube_bin_dir
+from accel_core.devtools.noderoutes import ROUTES_DIR
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
+#: The API server's way into the containerd nodes' namespaces (``accel_core.devtools.egressproxy``).
+EGRESS_PROXY = "egress-proxy"
 #: Start order; ``stop`` goes the other way.
 COMPONENTS = (ETCD, APISERVER, SCHEDULER, CONTROLLER_MANAGER)
 
@@ -80,7 +84,7 @@ DEFAULT_RUNTIME_CONFIG: tuple[str, ...] = ()
 DISABLED_CONTROLLERS: tuple[str, ...] = ("node-lifecycle-controller",)
 
 _PORT_CLASH = "address already in use"
-_STOP_STAGES: tuple[tuple[str, ...], ...] = ((CONTROLLER_MANAGER, SCHEDULER), (APISERVER,), (ETCD,))
+_STOP_STAGES: tuple[tuple[str, ...], ...] = ((CONTROLLER_MANAGER, SCHEDULER), (APISERVER,), (EGRESS_PROXY, ETCD))
 
 
 class _PortClash(Exception):
@@ -233,6 +237,15 @@ class ControlPlane:
         return self._state_dir / "admin.kubeconfig"
 
     @property
+    def routes_dir(self) -> Path:
+        """Where containerd nodes leave their route files for the egress proxy (``noderoutes``)."""
+        return self._state_dir / ROUTES_DIR
+
+    @property
+    def egress_socket(self) -> Path:
+        return self._state_dir / "egress.sock"
+
+    @property
     def apiserver_port(self) -> int:
         comp = self._components.get(APISERVER)
         if comp is None:
@@ -298,6 +311,7 @@ class ControlPlane:
         self._preferred_ports = dict(previous.ports) if previous else {}
         try:
             self._launch(ETCD, 2, self._etcd_argv, self._etcd_ready)
+            self._start_egress_proxy()
             self._launch(APISERVER, 1, self._apiserver_argv, self._apiserver_ready)
             self._write_kubeconfigs()
             if self.with_scheduler:
@@ -505,6 +519,27 @@ class ControlPlane:
                 del self._components[name]
         raise ControlPlaneError(f"{name}: its ports were taken three times in a row\n{self.logs_tail(30, [name])}")
 
+    def _start_egress_proxy(self) -> None:
+        """The Unix-socket CONNECT proxy the API server's egress selector names for its ``cluster`` traffic."""
+        sock = self.egress_socket
+        if len(str(sock).encode()) > 107:
+            raise ControlPlaneError(f"{sock}: a Unix socket path is at most 107 bytes; use a shorter state directory")
+        sock.unlink(missing_ok=True)
+        self.routes_dir.mkdir(parents=True, exist_ok=True)
+        self._write_egress_config()
+        cmd = [sys.executable, "-m", "accel_core.devtools.egressproxy", f"--socket={sock}",
+               f"--routes={self.routes_dir}"]
+        comp = self._spawn(EGRESS_PROXY, cmd, self.log_dir / f"{EGRESS_PROXY}.log", ())
+        self._components[EGRESS_PROXY] = comp
+        self._wait_ready(comp, lambda _c: sock.exists())
+        self.startup_times[EGRESS_PROXY] = time.monotonic() - self._t0
+
+    def _write_egress_config(self) -> None:
+        config = {"apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
+                  "egressSelections": [{"name": "cluster", "connection": {
+                      "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(self.egress_socket)}}}}]}
+        (self._state_dir / "egress-selector.json").write_text(json.dumps(config, indent=2) + "\n")
+
     def _spawn(self, name: str, cmd: list[str], log_path: Path, ports: tuple[int, ...]) -> _Component:
         proc, offset = spawn_logged(cmd, log_path, cwd=self._state_dir, detach=self._detach)
         return _Component(name, log_path, proc, ports, offset)
@@ -587,6 +622,13 @@ class ControlPlane:
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
+            # kubectl logs/exec/port-forward and the service/pod proxy: the kubelet trusts the cluster CA's admin
+            # certificate, and every connection to a node or pod goes through the egress proxy (loopback only).
+            f"--kubelet-client-certificate={pki.client('admin')[0]}",
+            f"--kubelet-client-key={pki.client('admin')[1]}",
+            f"--egress-selector-config-file={self._state_dir / 'egress-selector.json'}",
+            # The node's address first: node proxy checks it is a global unicast IP (a name would need DNS).
+            "--kubelet-preferred-address-types=InternalIP,Hostname,InternalDNS,ExternalDNS,ExternalIP",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",

@@ -22,6 +22,7 @@ import psutil
 from accel_core.devtools.controlplane_errors import ControlPlaneError
 
 STATE_FILE = "cluster.json"
+_PROXY_VARS = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})
 
 @dataclass(frozen=True)
 class ProcessRecord:
@@ -139,7 +140,8 @@ def _die_with_parent() -> None:
 def spawn_logged(cmd: Sequence[str], log_path: Path, *, cwd: Path, detach: bool) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``cmd`` in its own session with stdout/stderr appended to ``log_path`` (after a header line); returns
     the process and the log offset where its output starts. Without ``detach`` the child dies with its parent."""
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    # No HTTP proxy of the environment: the rig's traffic stays on loopback and in its own namespaces.
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and k.lower() not in _PROXY_VARS}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         offset = log.tell()

@@ -42,7 +42,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from accel_core.devtools.containerdnode import ContainerdRuntime, RuntimeBinaries, stop_namespace
+from accel_core.devtools.containerdnode import FAKE_HOST_IN_NODE, ContainerdRuntime, RuntimeBinaries, stop_namespace
 from accel_core.devtools.controlplane import AdminApi
 from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
 from accel_core.devtools.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
@@ -53,6 +53,7 @@ from accel_core.devtools.controlplane_processes import (
     tail_file,
     terminate_processes,
 )
+from accel_core.devtools.noderoutes import ROUTES_DIR, claim_slot, loopback_ip
 from accel_core.hostfiles import parse_index
 from accel_core.k8snames import is_label, is_subdomain, shown
 
@@ -148,6 +149,22 @@ class NodeLayout:
     def log_dir(self) -> Path:
         return self.dir / "logs"
 
+    @property
+    def fake_host_path(self) -> str:
+        """The fake host tree where the node's pods find it (``fakeHost.path`` of the charts): the same fixed path
+        on every containerd node (its own mount namespace), the tree itself with fakecri."""
+        return FAKE_HOST_IN_NODE if self.runtime == CONTAINERD else str(self.host_root)
+
+    def node_env(self, node_name: str, kubeconfig: Path) -> dict[str, str]:
+        """What ``accel-cluster node-env`` prints: :meth:`daemon_env`, except that a containerd node's
+        ``HOST_ROOT`` is :attr:`fake_host_path` (what its pods and the charts use) and ``FAKE_HOST_DIR`` is the
+        tree as the machine sees it (where faults are injected)."""
+        env = self.daemon_env(node_name, kubeconfig)
+        if self.runtime == CONTAINERD:
+            env["HOST_ROOT"] = self.fake_host_path
+            env["FAKE_HOST_DIR"] = str(self.host_root)
+        return env
+
     def daemon_env(self, node_name: str, kubeconfig: Path) -> dict[str, str]:
         """The environment that points a daemon (``efa-device-plugin serve`` ...) at this node."""
         return {
@@ -173,6 +190,8 @@ class NodeRecord:
     lnc: int | None = None
     efa: bool = True
     runtime: str = FAKECRI
+    #: A containerd node's machine-loopback address (127.0.0.N), where its kubelet port is served.
+    loopback: str = ""
 
     def save(self, node_dir: Path) -> None:
         tmp = node_dir / (NODE_RECORD + ".tmp")
@@ -192,6 +211,7 @@ class NodeRecord:
                 lnc=None if raw.get("lnc") is None else int(raw["lnc"]),
                 efa=bool(raw.get("efa", True)),
                 runtime=str(raw.get("runtime", FAKECRI)),
+                loopback=str(raw.get("loopback", "")),
             )
         except FileNotFoundError:
             return None
@@ -258,12 +278,12 @@ def _timestamp(text: Any) -> float:
         return 0.0
 
 
-def _free_ports(count: int) -> tuple[int, ...]:
+def _free_ports(count: int, host: str = "127.0.0.1") -> tuple[int, ...]:
     held = []
     try:
         for _ in range(count):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             held.append(s)
         return tuple(int(s.getsockname()[1]) for s in held)
     finally:
@@ -295,6 +315,7 @@ class KubeletNode:
         feature_gates: Mapping[str, bool] | None = None,
         extra_args: Sequence[str] = (),
         runtime: str = FAKECRI,
+        routes_dir: Path | None = None,
     ) -> None:
         if runtime not in (FAKECRI, CONTAINERD):
             raise ControlPlaneError(f"node {name}: unknown runtime {runtime!r} (fakecri or containerd)")
@@ -302,6 +323,9 @@ class KubeletNode:
         self.runtime = runtime
         self.layout = NodeLayout(Path(node_dir).resolve(), runtime)
         self._containerd: ContainerdRuntime | None = None
+        #: Where a containerd node writes its route file for the API server's egress proxy.
+        self.routes_dir = routes_dir if routes_dir is not None else pki.dir.parent / ROUTES_DIR
+        self.slot = 0
         self.server = server
         self.pki = pki
         self.bin_dir = Path(bin_dir)
@@ -379,7 +403,11 @@ class KubeletNode:
             d.mkdir(parents=True, exist_ok=True)
         self._write_credentials()
         self._write_sysctl_files()
-        self.ports = _free_ports(2)
+        if self.runtime == CONTAINERD:
+            self.slot = claim_slot(self.routes_dir, self.name)
+            self.ports = _free_ports(2, loopback_ip(self.slot))
+        else:
+            self.ports = _free_ports(2)
         self._write_config()
         try:
             if self.runtime == CONTAINERD:
@@ -526,7 +554,9 @@ class KubeletNode:
         config: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            # A containerd node's kubelet serves its namespace's addresses (the API server's egress proxy dials the
+            # node's address there; pods reach it at their gateway); a fakecri node's serves the machine's loopback.
+            "address": "0.0.0.0" if self.runtime == CONTAINERD else "127.0.0.1",
             "port": port,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": healthz,
@@ -606,7 +636,8 @@ class KubeletNode:
         sysctls = [(self.layout.proc_sys / e.replace("/", "."), e) for e in KUBELET_SYSCTLS]
         self._containerd = ContainerdRuntime(self.name, self.layout.dir, api_port=api_port,
                                              bins=RuntimeBinaries.default(), detach=self._detach,
-                                             sysctl_binds=sysctls, host_root=self.layout.host_root)
+                                             sysctl_binds=sysctls, host_root=self.layout.host_root,
+                                             slot=self.slot, kubelet_port=self.ports[0], routes_dir=self.routes_dir)
         try:
             self._containerd.start()
         finally:
@@ -633,8 +664,9 @@ class KubeletNode:
             rec = ProcessRecord.of(name, proc.pid, str(log), self.ports if name == KUBELET else ())
             if rec is not None:
                 procs.append(rec)
+        loopback = loopback_ip(self.slot) if self.runtime == CONTAINERD else ""
         NodeRecord(self.name, self.instance_type, tuple(procs), self.ports, self.lnc, self.efa,
-                   self.runtime).save(self.layout.dir)
+                   self.runtime, loopback).save(self.layout.dir)
 
 
 def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
@@ -654,7 +686,7 @@ def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
         stopped += [f"{name}/{record.name}" for name in (ContainerdRuntime.CONTAINERD, ContainerdRuntime.HOLDER)
                     if name in live_of]
     NodeRecord(record.name, record.instance_type, (), record.ports, record.lnc, record.efa,
-               record.runtime).save(node_dir)
+               record.runtime, record.loopback).save(node_dir)
     return stopped
 
 
@@ -667,20 +699,36 @@ def check_pod_names(namespace: str, pod: str, container: str | None = None) -> N
         raise ValueError(f"not a Kubernetes name: {', '.join(bad)}")
 
 
-def pod_log_lines(pod_logs: Path, namespace: str, pod: str, container: str) -> list[str]:
-    """The lines a container wrote, from ``<pod_logs>/<ns>_<pod>_<uid>/<container>/<restart>.log`` (CRI format:
-    ``<time> <stream> <P|F> <text>``; a ``P`` line continues on the next). Every pod of that name, oldest first."""
+def container_log_files(pod_logs: Path, namespace: str, pod: str, container: str) -> list[list[Path]]:
+    """The CRI log files of a container: one list per pod of that name (oldest pod first), each holding the
+    ``<restart>.log`` files of ``<pod_logs>/<ns>_<pod>_<uid>/<container>/`` by restart number."""
     check_pod_names(namespace, pod, container)  # before the names go into a glob: no wildcard, no "..", no "/"
-    out: list[str] = []
     dirs = sorted(pod_logs.glob(f"{namespace}_{pod}_*/{container}"), key=lambda d: d.stat().st_mtime) \
         if pod_logs.is_dir() else []
+    out = []
     for d in dirs:
         restarts = ((parse_index(f.stem), f) for f in d.glob("*.log"))
-        files = [f for n, f in sorted((n, f) for n, f in restarts if n is not None)]
+        out.append([f for n, f in sorted((n, f) for n, f in restarts if n is not None)])
+    return out
+
+
+def cri_log_text(lines: Sequence[str]) -> list[str]:
+    """What a container wrote, from CRI log lines (``<time> <stream> <P|F> <text>``; a ``P`` line continues on the
+    next), without the prefix; malformed lines are left out."""
+    out: list[str] = []
+    for line in lines:
+        parts = line.split(" ", 3)
+        if len(parts) == 4:
+            out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
+    return out
+
+
+def pod_log_lines(pod_logs: Path, namespace: str, pod: str, container: str) -> list[str]:
+    """The lines a container wrote, from ``<pod_logs>/<ns>_<pod>_<uid>/<container>/<restart>.log`` (CRI format).
+    Every pod of that name and every restart, oldest first."""
+    out: list[str] = []
+    for files in container_log_files(pod_logs, namespace, pod, container):
         for f in files:
             with contextlib.suppress(OSError):
-                for line in f.read_text(errors="replace").splitlines():
-                    parts = line.split(" ", 3)
-                    if len(parts) == 4:
-                        out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
+                out += cri_log_text(f.read_text(errors="replace").splitlines())
     return out

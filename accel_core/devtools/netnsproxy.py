@@ -9,6 +9,12 @@ ClusterIP, and the API server's own address for the kubelet), with no iptables r
 
     python -m accel_core.devtools.netnsproxy --netns /proc/PID/ns/net --listen 10.0.0.1:443 --to 127.0.0.1:6443
 
+With ``--into`` it works the other way: it listens in its own namespace (the machine's loopback, e.g. a node's
+127.0.0.N) and connects every accepted connection to the target inside the node's namespace (the node's kubelet).
+
+    python -m accel_core.devtools.netnsproxy --netns /proc/PID/ns/net --into --listen 127.0.0.2:10250 \
+        --to 10.201.3.4:10250
+
 It exits when the namespace's holder process (``--holder PID``) is gone.
 """
 
@@ -48,7 +54,25 @@ def listen_in(netns: str, addresses: Sequence[tuple[str, int]]) -> list[socket.s
         os.close(target)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def socket_in(netns: str) -> socket.socket:
+    """A non-blocking TCP socket made inside the network namespace ``netns`` (it connects there); the calling
+    thread's namespace is restored before this returns."""
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(netns, os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+        os.close(target)
+    sock.setblocking(False)
+    return sock
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(1 << 16):
             writer.write(data)
@@ -60,14 +84,25 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-async def _serve(listeners: list[socket.socket], target: tuple[str, int], holder: int | None) -> None:
+async def _connect_in(netns: str, target: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    sock = socket_in(netns)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, target)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
+async def _serve(listeners: list[socket.socket], target: tuple[str, int], holder: int | None,
+                 into: str | None = None) -> None:
     async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*target)
+            up_reader, up_writer = await (_connect_in(into, target) if into else asyncio.open_connection(*target))
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     servers = [await asyncio.start_server(forward, sock=s) for s in listeners]
     try:
@@ -89,19 +124,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m accel_core.devtools.netnsproxy",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--netns", required=True, help="the namespace file, e.g. /proc/PID/ns/net")
-    parser.add_argument("--listen", type=_address, action="append", required=True, help="HOST:PORT in the namespace")
-    parser.add_argument("--to", type=_address, required=True, help="HOST:PORT in this process's namespace")
+    parser.add_argument("--listen", type=_address, action="append", required=True,
+                        help="HOST:PORT in the namespace (with --into: in this process's namespace)")
+    parser.add_argument("--to", type=_address, required=True,
+                        help="HOST:PORT in this process's namespace (with --into: in the namespace)")
+    parser.add_argument("--into", action="store_true", help="listen here, connect inside the namespace")
     parser.add_argument("--holder", type=int, help="exit when this process is gone")
     args = parser.parse_args(argv)
     try:
-        listeners = listen_in(args.netns, args.listen)
+        listeners = ([socket.create_server(a) for a in args.listen] if args.into
+                     else listen_in(args.netns, args.listen))
     except OSError as e:
-        print(f"netnsproxy: cannot listen in {args.netns}: {e}", file=sys.stderr)
+        print(f"netnsproxy: cannot listen {'on' if args.into else 'in ' + args.netns}: {e}", file=sys.stderr)
         return 1
-    print(f"netnsproxy: {', '.join(f'{h}:{p}' for h, p in args.listen)} in {args.netns} -> "
-          f"{args.to[0]}:{args.to[1]}", flush=True)
+    where = ("", f" in {args.netns}") if args.into else (f" in {args.netns}", "")
+    print(f"netnsproxy: {', '.join(f'{h}:{p}' for h, p in args.listen)}{where[0]} -> "
+          f"{args.to[0]}:{args.to[1]}{where[1]}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(listeners, args.to, args.holder))
+        asyncio.run(_serve(listeners, args.to, args.holder, args.netns if args.into else None))
     return 0
 
 
