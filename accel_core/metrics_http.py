@@ -261,7 +261,7 @@ class MetricsServer:
     async def _send(self, writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str,
                     keep_alive: bool, *, extra: tuple[str, ...] = (), head_only: bool = False) -> None:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-                  500: "Internal Server Error"}[status]
+                  500: "Internal Server Error", 503: "Service Unavailable"}[status]
         lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
                  f"Connection: {'keep-alive' if keep_alive else 'close'}", *extra]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
