@@ -93,24 +93,19 @@ class Presence:
             if await wake(stop, timeout=self.heartbeat) == STOP:
                 return
 
-    async def leave_or_stay(self) -> str:
-        """At shutdown: remove the file when the driver leaves the node for good; returns why it did or did not."""
-        why = await self.leaving()
-        if why is None:
-            log.info("stopping, not leaving: the device plugin keeps standing down while this driver restarts",
-                     extra=kv(path=str(self.path)))
-            return "restart"
+    async def leave(self, why: str) -> None:
+        """Remove the file: the driver leaves the node for good (``why``), the device plugin may serve it now."""
         try:
             removed = await asyncio.to_thread(remove_presence, self.path)
         except OSError as exc:
             log.warning("cannot remove the presence file; the device plugin takes over once the lease runs out",
                         extra=kv(path=str(self.path), error=exc))
-            return why
+            return
         log.info("leaving the node: the device plugin may serve it now", extra=kv(reason=why, removed=removed))
-        return why
 
     async def leaving(self) -> str | None:
-        """Why this driver leaves the node for good, or None (a restart, or the API cannot say)."""
+        """At shutdown: why this driver leaves the node for good, or None (a restart, or the API cannot say: the
+        file stays, and the device plugin keeps standing down until the lease runs out)."""
         if self.client is None or self.daemonset is None:
             return None
         from lightkube import ApiError
@@ -139,7 +134,19 @@ class Presence:
         pod_spec = _pod_spec(ds)
         if not selects_node(pod_spec, labels, self.node):
             return f"DaemonSet {namespace}/{name} no longer selects node {self.node}"
+        log.info("stopping, not leaving: the device plugin keeps standing down while this driver restarts",
+                 extra=kv(path=str(self.path)))
         return None
+
+
+async def device_plugin_drained(client: AsyncClient, node: str, resources: tuple[str, ...]) -> bool:
+    """True when the Node's allocatable shows none of the device plugin's resources (it has stood down and the
+    kubelet has said so), so slices published now are never offered beside them."""
+    from lightkube.resources.core_v1 import Node
+
+    obj = await asyncio.wait_for(client.get(Node, node), 5)
+    allocatable = (obj.status.allocatable or {}) if obj.status is not None else {}
+    return all(str(allocatable.get(r, "0")) == "0" for r in resources)
 
 
 def _pod_spec(ds: Any) -> Mapping[str, Any]:

@@ -37,7 +37,7 @@ from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.devices import SliceValidationError
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.handover import DevicePluginHolds, Presence
+from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
@@ -68,6 +68,9 @@ DEFAULT_HEALTH_POLL_INTERVAL = 0.75
 FALLBACK_VERSION = "0.1.0"
 #: seconds between rescans while device-plugin pods hold some of the devices (their end raises no host event)
 HELD_RECHECK_S = 5.0
+#: how long the slices wait for the device plugin's resources to leave the Node's allocatable (the kubelet reports
+#: them every nodeStatusUpdateFrequency, 10 s by default)
+DRAIN_WAIT_S = 30.0
 
 
 def dra_driver_version() -> str:
@@ -289,7 +292,31 @@ class DraService:
             if not self.plugin.registered_once.is_set():
                 log.warning("the kubelet has not registered the plugin yet; publishing the ResourceSlices anyway",
                             extra=kv(driver=self.driver_name, waited_seconds=self.registration_wait))
+        if self._sharing_logged and await self._wait_device_plugin_drained(stop):
+            return
         await self.publisher.run(stop)
+
+    async def _wait_device_plugin_drained(self, stop: asyncio.Event) -> bool:
+        """The device plugin is on this node too: it stands down as soon as it sees our registration, and the
+        kubelet then reports none of its resources allocatable. Publish only after that (at most DRAIN_WAIT_S), so
+        the scheduler never sees the same devices on both sides. Returns True when ``stop`` came first."""
+        assert self.client is not None
+        resources = self.profile.scanner.coexistence.device_plugin_resources
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_WAIT_S
+        while loop.time() < deadline:
+            try:
+                if await device_plugin_drained(self.client, self.node_name, resources):
+                    log.info("the device plugin has stood down (none of its resources allocatable); publishing",
+                             extra=kv(driver=self.driver_name))
+                    return False
+            except Exception as exc:  # noqa: BLE001 - the API may be away: keep waiting, then publish
+                log.debug("cannot read our Node yet", extra=kv(error=exc))
+            if await wake(stop, timeout=0.5) == STOP:
+                return True
+        log.warning("the device plugin's resources are still allocatable on this Node; publishing anyway",
+                    extra=kv(driver=self.driver_name, waited_seconds=DRAIN_WAIT_S, resources=list(resources)))
+        return False
 
     async def _watch_host(self, stop: asyncio.Event) -> None:
         async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,
@@ -361,11 +388,13 @@ class DraService:
             except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
         await self._fold_journal()
-        leaving = await self.presence.leave_or_stay() != "restart"
+        leaving = await self.presence.leaving()
         await asyncio.to_thread(self.holds.close)
         if (self.remove_slices_on_exit or leaving) and self.publisher is not None:
-            try:
+            try:  # before the device plugin may serve: never both
                 await self.publisher.remove_all()
             except Exception as exc:
                 log.warning("could not remove our ResourceSlices on exit", extra=kv(error=exc))
+        if leaving:
+            await self.presence.leave(leaving)
         log.info("DRA driver stopped", extra=kv(driver=self.driver_name, node=self.node_name))
