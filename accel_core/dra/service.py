@@ -300,8 +300,9 @@ class DraService:
         """The device plugin is on this node too: it stands down as soon as it sees our registration, and the
         kubelet then reports none of its resources allocatable. Publish only after that (at most DRAIN_WAIT_S), so
         the scheduler never sees the same devices on both sides. Returns True when ``stop`` came first."""
-        assert self.client is not None
         resources = self.profile.scanner.coexistence.device_plugin_resources
+        if self.client is None or not resources:
+            return False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DRAIN_WAIT_S
         while loop.time() < deadline:
