@@ -256,8 +256,9 @@ def test_both_neuron_seed_installs_keep_each_daemon_on_its_own_node(
         remove_namespace(kube_client, NEURON_DRA.namespace, wait)
 
 
-def check_efa_slices(control_plane: ControlPlane, kube: Client, nodes: list[str], wait: Wait) -> None:
-    """The EFA DRA driver's pod-bound token writes slices of its own node only (its release's slice policy)."""
+def check_efa_slices(control_plane: ControlPlane, kube: Client, nodes: list[str], tmp_path: Path, wait: Wait) -> None:
+    """The EFA DRA driver's pod-bound token writes slices of its own node only (its release's slice policy); so does
+    ``kubectl --as`` the driver's account with the node-name extra, and without it nothing passes."""
     pods = live_pods(kube, EFA_DRA, wait)
     node = sorted(pods)[0]
     other = next(n for n in nodes if n != node)
@@ -276,6 +277,19 @@ def check_efa_slices(control_plane: ControlPlane, kube: Client, nodes: list[str]
         own: Any = driver.create(slice_for(node, driver="efa.aws.com"))
         driver.delete(ResourceSlice, own.metadata.name)
 
+    def slice_file(on: str) -> str:
+        path = tmp_path / f"slice-{on}.yaml"
+        path.write_text(yaml.safe_dump(slice_for(on, driver="efa.aws.com").to_dict()))
+        return str(path)
+
+    bare = impersonating(control_plane, tmp_path, EFA_DRA.user, None)
+    assert "credentials name no node" in refused(bare, "create", "-f", slice_file(node))
+    as_node = impersonating(control_plane, tmp_path, EFA_DRA.user, node)
+    assert f"node '{other}'" in refused(as_node, "create", "-f", slice_file(other))
+    code, out = as_node("create", "-f", slice_file(node), "-o", "name")
+    assert code == 0, out
+    allowed(as_node, "delete", out.strip())
+
 
 def test_both_efa_releases_keep_the_dra_driver_on_its_own_node(
     control_plane: ControlPlane, kube_client: Client, helm: Helm, fake_node: Callable[..., str], wait: Wait,
@@ -288,13 +302,13 @@ def test_both_efa_releases_keep_the_dra_driver_on_its_own_node(
         helm("upgrade", "--install", "efa", str(EFA_CHART), *efa)
         helm("upgrade", "--install", "efa-dra", str(EFA_CHART), *efa, "--set", "devicePlugin.enabled=false",
              "--set", "draDriver.enabled=true")
-        check_efa_slices(control_plane, kube_client, nodes, wait)
+        check_efa_slices(control_plane, kube_client, nodes, tmp_path, wait)
         before = snapshot(admin, helm.manifest("efa-dra", "kube-system"), tmp_path)
         helm("upgrade", "efa", str(EFA_CHART), *efa, "--reuse-values", "--set", "logLevel=DEBUG")
         assert snapshot(admin, helm.manifest("efa-dra", "kube-system"), tmp_path) == before
         helm("uninstall", "efa", *efa)
         assert snapshot(admin, helm.manifest("efa-dra", "kube-system"), tmp_path) == before
-        check_efa_slices(control_plane, kube_client, nodes, wait)
+        check_efa_slices(control_plane, kube_client, nodes, tmp_path, wait)
     finally:
         for release in ("efa", "efa-dra"):
             with contextlib.suppress(AssertionError):

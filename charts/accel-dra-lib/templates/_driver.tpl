@@ -159,7 +159,7 @@ spec:
       expression: request.userInfo.username == {{ $user | quote }}
   variables:
     - name: driverNode
-      expression: "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"
+      expression: "request.userInfo.?extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"
     - name: newNode
       expression: "request.operation == 'DELETE' ? '' : object.spec.?nodeName.orValue('')"
     - name: oldNode
