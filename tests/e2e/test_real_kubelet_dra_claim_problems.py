@@ -14,6 +14,7 @@ reason for a failed prepare is ``FailedPrepareDynamicResources`` (k8s.io/kuberne
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from dra_support import EFA as SUPPORT_EFA
 from dra_support import NEURON as SUPPORT_NEURON
 from dra_support import pod_bound_kubeconfig, pod_claim_name
 from kube_helpers import create_pod
-from lightkube import ApiError, Client
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.events_v1 import Event
@@ -43,6 +44,8 @@ from test_real_kubelet_dra137 import (  # the module's fixtures and helpers (cla
 )
 
 from accel_core.devtools.controlplane import ControlPlane
+from accel_core.dra.claimreport import ClaimProblem, PodRef
+from accel_core.dra.reporter import ClaimReporter
 
 __all__ = ["chart_rbac", "classes"]  # fixtures used by name
 
@@ -184,3 +187,40 @@ def test_a_prepared_device_that_turns_unhealthy_shows_it_on_the_claim(control_pl
         well = wait(condition("True"), "Ready=True once healthy again", timeout=60)
         assert well["conditions"][0]["reason"] == "Prepared" and well["data"] == before["data"]
         assert "could not" not in driver.tail(400), driver.tail(400)
+
+
+def test_repeats_update_the_series_of_one_event_with_the_charts_rbac(control_plane: ControlPlane,
+                                                                      kube_client: Client, chart_rbac: None,
+                                                                      namespace: str, wait: Wait) -> None:
+    """The series update (a second server-side apply of the same Event, eventTime unchanged) passes the API
+    server's Event validation and the chart's RBAC; the kubelet path above sees it only after a minute."""
+    kubeconfig = pod_bound_kubeconfig(control_plane, kube_client, SUPPORT_EFA, "series-node", wait)
+    create_pod(kube_client, namespace, "user", "series-node")
+    pod_uid = str(kube_client.get(Pod, "user", namespace=namespace).metadata.uid)  # type: ignore[union-attr]
+    problem = ClaimProblem(namespace, "c", "uid-c", (("series-node", "d0", None),), (PodRef("user", pod_uid),),
+                           "InvalidConfig", "efa.aws.com/v1 EfaConfig: unknown field mtu")
+
+    async def report() -> ClaimReporter:
+        client = AsyncClient(KubeConfig.from_file(kubeconfig))
+        reporter = ClaimReporter(client, EFA.driver, "series-node", prepared=lambda uid: None,
+                                 health=lambda device: None, write_status=False, series_seconds=0.0)
+        stop = asyncio.Event()
+        task = asyncio.create_task(reporter.run(stop))
+        await asyncio.sleep(0)
+        for _ in range(3):
+            reporter.submit([problem])
+            await asyncio.sleep(0.5)
+        stop.set()
+        await task
+        await client.close()
+        return reporter
+
+    try:
+        reporter = asyncio.run(report())
+        assert (reporter.events_created, reporter.events_updated, reporter.failed) == (1, 2, 0)
+        (event,) = [e for e in kube_client.list(Event, namespace=namespace) if e.reportingController == EFA.driver]
+        assert event.series is not None and event.series.count == 3, event.series
+        assert event.regarding is not None and event.regarding.uid == pod_uid
+    finally:
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Pod, "efa-driver-series-node", namespace=SUPPORT_EFA.namespace, grace_period=0)

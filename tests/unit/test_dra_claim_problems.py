@@ -134,6 +134,14 @@ def test_reasons_name_the_cause(tmp_path: Path) -> None:
     assert "already prepared for claim ns/holder" in rig.problems[0].cause
 
 
+def test_a_guarded_node_is_a_problem_of_its_own(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, shared_host("trn2.48xlarge"))
+    rig.driver._blocked = lambda: "the Neuron device plugin is running on this node"
+    rig.fail(rig.claim("guarded", ["neuron-device-0"]))
+    assert [(p.reason, p.cause) for p in rig.problems] == [
+        ("DevicePluginActive", "the Neuron device plugin is running on this node")]
+
+
 def test_no_problem_without_an_allocated_device_of_this_driver_here(tmp_path: Path) -> None:
     rig = Rig(tmp_path, shared_host("trn2.48xlarge"))
     rig.fail(rig.claim("other", ["d0"], driver="efa.aws.com"))  # the API server would refuse such an entry
