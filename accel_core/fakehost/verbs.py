@@ -14,6 +14,8 @@ status 0 on success, 2 on bad input; the message names the device and lists the 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -93,7 +95,10 @@ def main(argv: Sequence[str], fail: Callable[[str], int]) -> int:
         line: str = args.run(host, args)
     except (FakeHostError, OSError) as exc:
         return fail(str(exc))
-    print(line)
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:  # `fake-sysfs show DIR | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

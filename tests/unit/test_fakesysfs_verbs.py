@@ -193,3 +193,13 @@ def test_help_names_the_verbs_and_the_build_form_still_works(tmp_path: Path,
     port_dir = tmp_path / "port"
     assert cli.main(["-t", "inf2.xlarge", str(port_dir)]) == 0
     assert read(port_dir, "sys/class/dmi/id/product_name") == "inf2.xlarge\n"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(host: Path) -> None:
+    """``fake-sysfs show DIR | head -2``: the pipe is closed before the verb writes (here: before it starts)."""
+    proc = subprocess.Popen([sys.executable, "-m", "accel_core.fakehost.cli", "show", str(host)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and "Traceback" not in err, err
