@@ -9,16 +9,24 @@
   (``helm uninstall``, ``draDriver.enabled=false``), or no longer selects this node (a migration rolled back by a
   node label). Which of the two it is, the API server says at shutdown; when it cannot be asked, the file stays and
   the device plugin takes over once the lease runs out.
+
+``helm uninstall`` deletes the driver's service account and RBAC with its DaemonSet, before the pod is stopped, so
+at shutdown the API server answers 401 or 403. A driver that could read its DaemonSet at start takes that as an
+uninstall too (a restart never loses RBAC). It can then no longer delete its slices either; the kubelet wipes them
+30 s after the plugin's socket is gone (kubelet-apis.md, ``defaultWipingDelay``), so the presence file is kept
+until just after that, never both sides at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from accel_core.coexistence import HEARTBEAT_S, Coexistence, remove_presence, write_presence
+from accel_core.coexistence import DEFAULT_LEASE_S, HEARTBEAT_S, Coexistence, remove_presence, write_presence
 from accel_core.hostscan import held_dra_devices
 from accel_core.logs import kv
 from accel_core.nodeaffinity import selects_node
@@ -30,6 +38,9 @@ if TYPE_CHECKING:
     from lightkube import AsyncClient
 
 log = logging.getLogger(__name__)
+
+#: the kubelet wipes a driver's slices this long after no plugin of it is connected (defaultWipingDelay)
+KUBELET_WIPE_S = 30.0
 
 
 class DevicePluginHolds:
@@ -72,6 +83,7 @@ class Presence:
         self.client = client
         self.daemonset = daemonset
         self.heartbeat = heartbeat
+        self.can_tell = False  #: the DaemonSet could be read once, so a refusal at shutdown means an uninstall
 
     def write(self) -> None:
         write_presence(self.path, pod_uid=self.pod_uid, node=self.node)
@@ -92,6 +104,39 @@ class Presence:
                 failing = True
             if await wake(stop, timeout=self.heartbeat) == STOP:
                 return
+
+    async def check_access(self) -> None:
+        """At start: read our DaemonSet once, so a refusal at shutdown can be told from missing RBAC."""
+        if self.client is None or self.daemonset is None:
+            return
+        from lightkube import ApiError
+        from lightkube.resources.apps_v1 import DaemonSet
+
+        namespace, name = self.daemonset
+        try:
+            await asyncio.wait_for(self.client.get(DaemonSet, name, namespace=namespace), 10)
+        except ApiError as exc:
+            log.warning("cannot read our own DaemonSet: at shutdown an uninstall will look like a restart, and the "
+                        "device plugin takes over only after its lease", extra=kv(daemonset=f"{namespace}/{name}",
+                                                                                  error=exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - the API server may be away; asked again at shutdown
+            log.info("could not read our own DaemonSet yet", extra=kv(error=exc))
+            return
+        self.can_tell = True
+
+    async def leave_later(self, why: str, after: float = KUBELET_WIPE_S + 2.0) -> None:
+        """Leaving, but the slices could not be deleted: keep the file so that it runs out ``after`` seconds from
+        now, once the kubelet has wiped the slices."""
+        now = time.time()
+        then = now - max(0.0, DEFAULT_LEASE_S - after)
+        try:
+            await asyncio.to_thread(os.utime, self.path, (then, then))
+        except OSError as exc:
+            log.warning("cannot shorten the presence file's lease", extra=kv(path=str(self.path), error=exc))
+            return
+        log.info("leaving the node; the device plugin may serve it once the kubelet has wiped our slices",
+                 extra=kv(reason=why, seconds=after))
 
     async def leave(self, why: str) -> None:
         """Remove the file: the driver leaves the node for good (``why``), the device plugin may serve it now."""
@@ -118,6 +163,8 @@ class Presence:
         except ApiError as exc:
             if exc.status.code == 404:
                 return f"DaemonSet {namespace}/{name} is gone"
+            if exc.status.code in (401, 403) and self.can_tell:
+                return f"our service account or its RBAC is gone ({exc.status.code}): the release is uninstalled"
             log.info("cannot read our DaemonSet at shutdown; keeping the presence file", extra=kv(error=exc))
             return None
         except (TimeoutError, OSError, Exception) as exc:  # noqa: BLE001 - any failure means "cannot say"

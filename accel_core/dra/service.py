@@ -267,6 +267,7 @@ class DraService:
             tasks.append(asyncio.create_task(self.reporter.run(stop)))
             self.reporter.health_changed(self._health(), self.store.claims())  # unhealthy since the last run
         tasks.append(asyncio.create_task(self.presence.run(stop)))
+        tasks.append(asyncio.create_task(self.presence.check_access()))
         if self.client is not None and self.cleanup_interval > 0:
             tasks.append(asyncio.create_task(self.cleaner.run(stop, self.cleanup_interval)))
         self.ready.set()
@@ -391,11 +392,15 @@ class DraService:
         await self._fold_journal()
         leaving = await self.presence.leaving()
         await asyncio.to_thread(self.holds.close)
+        removed = False
         if (self.remove_slices_on_exit or leaving) and self.publisher is not None:
             try:  # before the device plugin may serve: never both
                 await self.publisher.remove_all()
+                removed = True
             except Exception as exc:
                 log.warning("could not remove our ResourceSlices on exit", extra=kv(error=exc))
-        if leaving:
+        if leaving and removed:
             await self.presence.leave(leaving)
+        elif leaving:
+            await self.presence.leave_later(leaving)
         log.info("DRA driver stopped", extra=kv(driver=self.driver_name, node=self.node_name))

@@ -1,0 +1,238 @@
+"""The device plugin and the DRA driver of one accelerator on one node, as users deploy them: both charts' releases
+under a real containerd + runc and the real kubelet, our image, the seeds' helm lines. The rule (docs/charts.md,
+"Device plugin and DRA driver on one node"): the DRA driver wins; at any moment exactly one side serves the node.
+
+What is checked, from the API server as kubectl shows it: the Node's allocatable for the device plugin's resource
+(the kubelet's view of the plugin) and the devices in the DRA driver's ResourceSlices for the node. A sampler reads
+both every 0.25 s for the whole test and fails it if it ever sees both at once. Expected counts are AWS facts: a
+p5.48xlarge has 32 EFA devices; a trn2.48xlarge 16 Trainium2 devices, 64 logical cores at LNC 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
+from conftest import RealNode
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.resource_v1 import ResourceSlice
+from runtime_helpers import REPO, Helm, allocatable, applied, ds_row, rig_flags, workload_docs
+
+from accel_core.devtools.controlplane import ControlPlane
+from accel_core.devtools.kubeletnode import CONTAINERD
+
+pytestmark = pytest.mark.containerd
+
+Wait = Callable[..., Any]
+NodeFactory = Callable[..., RealNode]
+P5_EFA, TRN2_DEVICES, TRN2_CORES_LNC2 = 32, 16, 64
+
+
+@pytest.fixture
+def helm(control_plane: ControlPlane, tmp_path: Any) -> Helm:
+    return Helm(control_plane, tmp_path / "helm")
+
+
+def slice_devices(client: Client, node: str, driver: str) -> int:
+    return sum(len(s.spec.devices or []) for s in client.list(ResourceSlice)
+               if s.spec.nodeName == node and s.spec.driver == driver)
+
+
+@dataclass
+class Sides:
+    """Samples both sides of one node every 0.25 s in a thread of its own (its own API client)."""
+
+    kubeconfig: str
+    node: str
+    resource: str
+    driver: str
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self._client = Client(KubeConfig.from_file(self.kubeconfig))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            with contextlib.suppress(ApiError, OSError):
+                self.samples.append((time.monotonic(), allocatable(self._client, self.node, self.resource),
+                                     slice_devices(self._client, self.node, self.driver)))
+
+    def both(self) -> list[tuple[float, int, int]]:
+        return [s for s in self.samples if s[1] > 0 and s[2] > 0]
+
+    def plugin_max_since(self, since: float) -> int:
+        return max((s[1] for s in self.samples if s[0] >= since), default=0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        assert self.both() == [], f"both sides served {self.node} at once: {self.both()[:5]}"
+
+
+@contextlib.contextmanager
+def sampled(control_plane: ControlPlane, node: str, resource: str, driver: str) -> Iterator[Sides]:
+    sides = Sides(str(control_plane.admin_kubeconfig), node, resource, driver)
+    try:
+        yield sides
+    finally:
+        sides.stop()
+
+
+def ds_pod(client: Client, namespace: str, ds: str) -> Pod | None:
+    selector = client.get(DaemonSet, ds, namespace=namespace).spec.selector.matchLabels
+    pods = [p for p in client.list(Pod, namespace=namespace, labels=selector)
+            if p.metadata.deletionTimestamp is None]
+    return pods[0] if pods else None
+
+
+def pod_ready(pod: Pod | None) -> bool:
+    statuses = (pod.status.containerStatuses or []) if pod is not None and pod.status is not None else []
+    return bool(statuses) and all(s.ready for s in statuses)
+
+
+def node_events(client: Client, node: str, reason: str) -> list[Event]:
+    return [e for e in client.list(Event, namespace="default")
+            if e.involvedObject.kind == "Node" and e.involvedObject.name == node and e.reason == reason]
+
+
+def delete_pod(client: Client, pod: Pod) -> None:
+    assert pod.metadata is not None
+    client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace)
+
+
+def test_neuron_device_plugin_and_dra_driver_on_one_trn2(kubelet_node: NodeFactory, kube_client: Client,
+                                                         control_plane: ControlPlane, helm: Helm, namespace: str,
+                                                         wait: Wait) -> None:
+    """The seeds' two installs on one trn2.48xlarge: the device plugin release first, then the DRA release. The DRA
+    driver serves and the device plugin stands down (not ready, a Node event). Deleting either pod, upgrading the
+    DRA release and uninstalling it keep exactly one side serving; devices a running DRA claim holds are never
+    advertised by the device plugin, and come back when that pod ends."""
+    trn2 = kubelet_node("trn2.48xlarge", runtime=CONTAINERD)
+    node, flags = trn2.name, rig_flags(trn2.kubelet)
+    neuron = "aws.amazon.com/neuron"
+    dp_ns, dp_ds, dra_ns, dra_ds = "kube-system", "neuron-device-plugin", "neuron-dra-driver", \
+        "neuron-dra-driver-kubelet-plugin"
+    helm.seed(SEED_DEVICE_PLUGIN_INSTALL, NEURON_CHART, *flags)
+    try:
+        wait(lambda: allocatable(kube_client, node, neuron) == TRN2_DEVICES, "neuron 16 from the device plugin",
+             timeout=180)
+        with sampled(control_plane, node, neuron, "neuron.aws.com") as sides:
+            helm.seed(SEED_DRA_INSTALL, NEURON_CHART, *flags)
+            wait(lambda: slice_devices(kube_client, node, "neuron.aws.com") == TRN2_DEVICES
+                 and allocatable(kube_client, node, neuron) == 0, "the DRA driver serves, the device plugin not",
+                 timeout=180)
+            wait(lambda: ds_row(kube_client, dp_ns, dp_ds)["ready"] == 0, "the device plugin pod not ready")
+            wait(lambda: node_events(kube_client, node, "DevicePluginStandingDown"), "a Node event says so")
+            event = node_events(kube_client, node, "DevicePluginStandingDown")[0]
+            assert "neuron.aws.com" in (event.message or ""), event.message
+
+            # A running DRA workload holding 4 connected devices (the seed's 1x4 template).
+            docs = workload_docs(REPO / "examples/neuron-dra/1x4-connected-neurons.yaml", "-co")
+            with applied(kube_client, namespace, docs):
+                pod_name = next(d["metadata"]["name"] for d in docs if d["kind"] == "Pod")
+                wait(lambda: (p := kube_client.get(Pod, pod_name, namespace=namespace)).status is not None
+                     and p.status.phase == "Running", "the 1x4 workload Running", timeout=120)
+
+                # The DRA driver's pod deleted: the device plugin must not take over while it is re-created.
+                since = time.monotonic()
+                old = ds_pod(kube_client, dra_ns, dra_ds)
+                assert old is not None
+                delete_pod(kube_client, old)
+                wait(lambda: (p := ds_pod(kube_client, dra_ns, dra_ds)) is not None
+                     and p.metadata.uid != old.metadata.uid and pod_ready(p), "a new DRA driver pod ready",
+                     timeout=120)
+                time.sleep(3)  # a few node-status rounds (2 s on the rig) after it is back
+                assert sides.plugin_max_since(since) == 0, "the device plugin advertised while the driver restarted"
+                assert slice_devices(kube_client, node, "neuron.aws.com") == TRN2_DEVICES
+
+                # The device plugin's pod deleted: it comes back standing down.
+                since = time.monotonic()
+                old = ds_pod(kube_client, dp_ns, dp_ds)
+                assert old is not None
+                delete_pod(kube_client, old)
+                wait(lambda: (p := ds_pod(kube_client, dp_ns, dp_ds)) is not None
+                     and p.metadata.uid != old.metadata.uid and p.status is not None and p.status.phase == "Running",
+                     "a new device plugin pod running", timeout=120)
+                time.sleep(4)
+                assert sides.plugin_max_since(since) == 0
+
+                # helm upgrade of the DRA release (a rolling update of its DaemonSet).
+                since = time.monotonic()
+                helm.seed(SEED_DRA_INSTALL, NEURON_CHART, *flags, "--set", "logLevel=DEBUG")
+                wait(lambda: ds_row(kube_client, dra_ns, dra_ds)["up_to_date"] == 1
+                     and pod_ready(ds_pod(kube_client, dra_ns, dra_ds)), "the upgraded DRA pod ready", timeout=180)
+                time.sleep(3)
+                assert sides.plugin_max_since(since) == 0
+
+                # helm uninstall of the DRA release: the device plugin serves within seconds, without the 4 devices
+                # the running claim holds (advertised unhealthy: not allocatable).
+                t0 = time.monotonic()
+                helm("uninstall", "neuron-helm-chart", "--namespace", dra_ns, "--wait", "--timeout", "120s")
+                wait(lambda: allocatable(kube_client, node, neuron) == TRN2_DEVICES - 4
+                     and allocatable(kube_client, node, "aws.amazon.com/neuroncore") == TRN2_CORES_LNC2 - 16,
+                     "neuron 12 / neuroncore 48 from the device plugin", timeout=60)
+                takeover = time.monotonic() - t0
+                assert slice_devices(kube_client, node, "neuron.aws.com") == 0
+                wait(lambda: node_events(kube_client, node, "DevicePluginServing"), "a Node event says it serves")
+                wait(lambda: pod_ready(ds_pod(kube_client, dp_ns, dp_ds)), "the device plugin pod ready")
+            # The workload ended: its 4 devices are the device plugin's again.
+            wait(lambda: allocatable(kube_client, node, neuron) == TRN2_DEVICES, "neuron 16 again", timeout=90)
+        print(f"\n[figure] Neuron: helm uninstall of the DRA release to device-plugin capacity {takeover:.1f}s")
+    finally:
+        with contextlib.suppress(AssertionError):
+            helm("uninstall", "neuron-helm-chart", "--namespace", dra_ns, "--wait", "--timeout", "120s")
+        helm("uninstall", "neuron-helm-chart", "--wait", "--timeout", "120s")
+
+
+def test_efa_device_plugin_and_dra_releases_on_one_p5(kubelet_node: NodeFactory, kube_client: Client,
+                                                      control_plane: ControlPlane, helm: Helm, wait: Wait) -> None:
+    """Two EFA releases on one p5.48xlarge (the issue's commands): `efa` with the device plugin, then `efa-dra`
+    with the DRA driver. The device plugin now sees the driver (it had no plugins-registry mount) and stands down;
+    deleting either pod changes nothing; uninstalling `efa-dra` hands the 32 EFAs back within seconds."""
+    p5 = kubelet_node("p5.48xlarge", runtime=CONTAINERD)
+    node, flags = p5.name, rig_flags(p5.kubelet)
+    efa = "vpc.amazonaws.com/efa"
+    dp_ds, dra_ds = "aws-efa-k8s-device-plugin-daemonset", "aws-efa-k8s-device-plugin-dra-driver"
+    helm("upgrade", "--install", "efa", str(EFA_CHART), "-n", "kube-system", *flags)
+    try:
+        wait(lambda: allocatable(kube_client, node, efa) == P5_EFA, "efa 32 from the device plugin", timeout=180)
+        with sampled(control_plane, node, efa, "efa.aws.com") as sides:
+            helm("upgrade", "--install", "efa-dra", str(EFA_CHART), "-n", "kube-system", "--set",
+                 "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", *flags)
+            wait(lambda: slice_devices(kube_client, node, "efa.aws.com") == P5_EFA
+                 and allocatable(kube_client, node, efa) == 0, "the DRA driver serves, the device plugin not",
+                 timeout=180)
+            wait(lambda: ds_row(kube_client, "kube-system", dp_ds)["ready"] == 0, "the device plugin not ready")
+            for ds in (dp_ds, dra_ds):
+                since = time.monotonic()
+                old = ds_pod(kube_client, "kube-system", ds)
+                assert old is not None
+                delete_pod(kube_client, old)
+                wait(lambda ds=ds, old=old: (p := ds_pod(kube_client, "kube-system", ds)) is not None
+                     and p.metadata.uid != old.metadata.uid and p.status is not None and p.status.phase == "Running",
+                     f"a new {ds} pod running", timeout=120)
+                time.sleep(4)
+                assert sides.plugin_max_since(since) == 0, f"the device plugin advertised after deleting {ds}'s pod"
+                wait(lambda: slice_devices(kube_client, node, "efa.aws.com") == P5_EFA, "32 EFAs in the slices")
+            t0 = time.monotonic()
+            helm("uninstall", "efa-dra", "-n", "kube-system", "--wait", "--timeout", "120s")
+            wait(lambda: allocatable(kube_client, node, efa) == P5_EFA, "efa 32 from the device plugin again",
+                 timeout=60)
+            takeover = time.monotonic() - t0
+            assert slice_devices(kube_client, node, "efa.aws.com") == 0
+        print(f"\n[figure] EFA: helm uninstall of efa-dra to device-plugin capacity {takeover:.1f}s")
+    finally:
+        with contextlib.suppress(AssertionError):
+            helm("uninstall", "efa-dra", "-n", "kube-system", "--wait", "--timeout", "120s")
+        helm("uninstall", "efa", "-n", "kube-system", "--wait", "--timeout", "120s")
