@@ -4,12 +4,15 @@ a start that fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -17,7 +20,7 @@ import pytest
 from lightkube import Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
-from accel_core.devtools.containerdnode import BUSYBOX_IMAGE
+from accel_core.devtools.containerdnode import BUSYBOX_IMAGE, FAKE_HOST_IN_NODE, RuntimeBinaries, ctr
 from accel_core.devtools.kubeletnode import KUBELET_SYSCTLS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +112,7 @@ def test_containerd_node_runs_a_container_whose_log_accel_cluster_prints(kube_bi
     base = Path(tempfile.mkdtemp(prefix="acl-ctr-"))  # on disk: containerd's image layers live in the node dir
     state = base / "cl"
     before = machine_state(state)
-    cgroups_before = container_cgroups()
+    ours: set[str] = set()  # this node's container IDs (other test sessions may run containers meanwhile)
     try:
         up = cluster("up", "--state-dir", str(state), "--node", "c=p5.48xlarge", "--runtime", "containerd")
         assert up.returncode == 0, up.stderr
@@ -135,11 +138,49 @@ def test_containerd_node_runs_a_container_whose_log_accel_cluster_prints(kube_bi
         logs = cluster("logs", "--state-dir", str(state), "default/hello")
         assert logs.returncode == 0, logs.stderr
         assert logs.stdout == "hello from hello\n0\n"
+        assert cluster("logs", "--state-dir", str(state), "--tail", "1", "default/hello").stdout == "0\n"
         assert cluster("logs", "--state-dir", str(state), "default/nope").returncode == 1
+        assert cluster("logs", "--state-dir", str(state), "--previous", "default/hello").returncode == 1
+
+        # eval "$(accel-cluster env)": the cluster's own kubectl and helm first on PATH; kubectl logs reaches the
+        # kubelet inside the node's namespace (through the API server's egress proxy)
+        shell = subprocess.run(
+            ["sh", "-c", f'eval "$({sys.executable} -m accel_core.devtools.cluster env --state-dir {state})" && '
+             'command -v kubectl && command -v helm && kubectl logs hello --tail 1'],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO),
+                                                              "PATH": "/usr/bin:/bin"}, check=False)
+        assert shell.returncode == 0, shell.stderr
+        assert shell.stdout.splitlines() == [str(kube_binaries / "kubectl"), str(kube_binaries / "helm"), "0"]
+
+        # the node's kubelet port on its own machine-loopback address (127.0.0.N), through the forwarder
+        (line,) = [row for row in status.stdout.splitlines() if row.startswith("node c ")]
+        loopback, _, port = line.split("kubelet ")[1].split()[0].partition(":")
+        assert loopback.startswith("127.0.0.") and loopback != "127.0.0.1", line
+        ctx = ssl.create_default_context(cafile=None)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # the kubelet's self-signed serving cert
+        ctx.load_cert_chain(str(state / "pki" / "admin.crt"), str(state / "pki" / "admin.key"))
+        with urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(
+                context=ctx)).open(f"https://{loopback}:{port}/healthz", timeout=10) as r:
+            assert r.read() == b"ok"
+
+        # node-env: the fake host at the one in-node path every containerd node has (fakeHost.path of the charts)
+        env = dict(row.split("=", 1) for row in cluster("node-env", "--state-dir", str(state), "c").stdout.split())
+        assert env["HOST_ROOT"] == FAKE_HOST_IN_NODE
+        assert Path(env["FAKE_HOST_DIR"], "sys", "class", "infiniband").is_dir()
+        record = json.loads((state / "nodes" / "c" / "node.json").read_text())
+        (holder,) = [p["pid"] for p in record["processes"] if p["name"] == "netns-holder"]
+        inside = subprocess.run(["nsenter", f"--target={holder}", "--mount", "--", "ls",
+                                 f"{FAKE_HOST_IN_NODE}/sys/class/infiniband_verbs"],
+                                capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        # a p5.48xlarge's 32 EFA devices (AWS EFA document), seen inside the node
+        assert len([n for n in inside if n.startswith("uverbs")]) == 32, inside
+        ours.update(ctr(RuntimeBinaries.default(), state / "nodes" / "c" / "run" / "containerd" / "containerd.sock",
+                        "containers", "list", "--quiet").stdout.split())
+        assert ours, "containerd lists no container of the node"
     finally:
         down = cluster("down", "--state-dir", str(state), "--purge")
     assert down.returncode == 0, down.stderr
     assert "containerd/c" in down.stdout, down.stdout
     assert machine_state(state) == before
-    assert container_cgroups() <= cgroups_before, "container cgroups left behind"
+    assert not {p.name for p in container_cgroups()} & ours, "container cgroups left behind"
     shutil.rmtree(base, ignore_errors=True)
