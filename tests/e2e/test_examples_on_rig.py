@@ -37,7 +37,7 @@ from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SE
 from conftest import Daemon, RealNode
 from dra_support import NEURON as NEURON_DRIVER
 from dra_support import chart_objects, node_slices
-from kube_helpers import pcie_root_of_uverbs, pod_events
+from kube_helpers import cdi_edits, pcie_root_of_uverbs, pod_events
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod
@@ -376,6 +376,7 @@ def ultraserver(control_plane: ControlPlane, kube_client: Client, kubelet_node: 
 def test_ultraserver_examples_as_shipped(kube_client: Client, ultraserver: list[RealNode], namespace: str,
                                          wait: Wait) -> None:
     labels = {n.name: kube_client.get(Node, n.name).metadata.labels or {} for n in ultraserver}
+    by_name = {n.name: n for n in ultraserver}
     deleted = {}
     for rel, replicas in (("neuron-dra/ultraserver/4-node-ultraserver.yaml", 4),
                           ("neuron-dra/ultraserver/2-node-ultraserver.yaml", 2)):
@@ -389,11 +390,18 @@ def test_ultraserver_examples_as_shipped(kube_client: Client, ultraserver: list[
             if replicas == 2:
                 assert {int(labels[n][f"{US_PREFIX}node-id-4"]) // 2 for n in where} in ({0}, {1}), where
             for pod in pods:  # each claim: its own node's neuron_node device (all 16 chips)
-                ns = pod["metadata"]["namespace"]
+                ns, node = pod["metadata"]["namespace"], pod["spec"]["nodeName"]
                 (status,) = pod["status"]["resourceClaimStatuses"]
                 claim = kube_client.get(ResourceClaim, status["resourceClaimName"], namespace=ns).to_dict()
                 results = claim["status"]["allocation"]["devices"]["results"]
-                assert [(r["pool"], r["device"]) for r in results] == [(pod["spec"]["nodeName"], "neuron-node")]
+                assert [(r["pool"], r["device"]) for r in results] == [(node, "neuron-node")]
+                # what the kubelet gave the container (fakecri's record, resolved through the driver's CDI spec):
+                # the node's 16 chips and the UltraServer mode and node id (neuron.md 1.3: mode 1 = X4, 2 = X2H)
+                (ctr,) = by_name[node].kubelet.containers(pod["metadata"]["name"], ns)
+                devices, env = cdi_edits(by_name[node].kubelet.layout.cdi_root, ctr.cdi_devices)
+                assert devices == {f"/dev/neuron{i}" for i in range(PLAN[rel].neurons)}, (rel, devices)
+                assert env["NEURON_RT_ULTRASERVER_MODE"] == ("1" if replicas == 4 else "2"), (rel, env)
+                assert env["NEURON_RT_ULTRASERVER_NODE_ID"] == labels[node][f"{US_PREFIX}node-id-{replicas}"], env
         finally:
             deleted[rel] = delete_example(kube_client, applied, wait)
         wait(lambda: not list(kube_client.list(ResourceClaim, namespace=namespace)), f"the claims of {rel} gone")
