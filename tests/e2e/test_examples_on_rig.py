@@ -220,12 +220,18 @@ class Seen:
     env: dict[str, str]
 
 
-def container_sees(node: RealNode, pod: dict[str, Any]) -> Seen:
-    """The device nodes in the container's own /dev and its PID 1's environment, through /proc of the machine (the
-    PID from containerd)."""
+def container_pid(node: RealNode, pod: dict[str, Any]) -> str:
+    """The machine PID of the pod's (first) container's process, from containerd."""
     cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
     listing = node.kubelet.containerd.ctr("tasks", "list").stdout.splitlines()
     (pid,) = [line.split()[1] for line in listing if line.startswith(cid)]
+    return str(pid)
+
+
+def container_sees(node: RealNode, pod: dict[str, Any]) -> Seen:
+    """The device nodes in the container's own /dev and its PID 1's environment, through /proc of the machine (the
+    PID from containerd)."""
+    pid = container_pid(node, pod)
     dev = Path(f"/proc/{pid}/root/dev")
     neurons = sorted(int(m.group(1)) for p in dev.glob("neuron*") if (m := re.fullmatch(r"neuron(\d+)", p.name)))
     uverbs = sorted((p.name for p in (dev / "infiniband").glob("uverbs*")), key=lambda n: int(n[6:]))
@@ -440,6 +446,15 @@ def test_scheduler_extender_chart_runs_my_scheduler(control_plane: ControlPlane,
                                                           labels={"app.kubernetes.io/name": "my-scheduler"})]
         assert pod["spec"]["containers"][0]["image"] == image
         assert running_1_of_1(pod)
+        # the chart's securityContext as the kernel applies it to kube-scheduler's own process
+        pid = container_pid(trn2, pod)
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":\t" in line)
+        root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                    if line.split()[4] == "/")
+        assert Path(f"/proc/{pid}/exe").resolve().name == "kube-scheduler"
+        assert (status["Uid"].split()[1], status["CapEff"].strip(), root[5].split(",")[0]) == (
+            "65532", "0000000000000000", "ro"), (status["Uid"], status["CapEff"], root)
 
         # my-scheduler binds a pod that names it (no Neuron request: the extender is not consulted).
         kube_client.create(Pod.from_dict({  # type: ignore[call-overload]
