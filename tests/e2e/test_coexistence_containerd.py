@@ -181,12 +181,24 @@ def test_neuron_device_plugin_and_dra_driver_on_one_trn2(kubelet_node: NodeFacto
                 helm("uninstall", "neuron-helm-chart", "--namespace", dra_ns, "--wait", "--timeout", "120s")
                 wait(lambda: allocatable(kube_client, node, neuron) == TRN2_DEVICES - 4
                      and allocatable(kube_client, node, "aws.amazon.com/neuroncore") == TRN2_CORES_LNC2 - 16,
-                     "neuron 12 / neuroncore 48 from the device plugin", timeout=60)
+                     "neuron 12 / neuroncore 48 from the device plugin", timeout=90)
                 takeover = time.monotonic() - t0
                 assert slice_devices(kube_client, node, "neuron.aws.com") == 0
                 wait(lambda: node_events(kube_client, node, "DevicePluginServing"), "a Node event says it serves")
                 wait(lambda: pod_ready(ds_pod(kube_client, dp_ns, dp_ds)), "the device plugin pod ready")
-            # The workload ended: its 4 devices are the device plugin's again.
+                # The workload is deleted, but without its driver the kubelet cannot unprepare its claim: its devices
+                # stay held. Installed again, the DRA driver serves the node (the device plugin stands down), the
+                # kubelet unprepares the claim through it and the pod goes.
+                kube_client.delete(Pod, pod_name, namespace=namespace, grace_period=1)
+                time.sleep(5)
+                assert allocatable(kube_client, node, neuron) == TRN2_DEVICES - 4, "a prepared claim's devices freed"
+                helm.seed(SEED_DRA_INSTALL, NEURON_CHART, *flags)
+                wait(lambda: slice_devices(kube_client, node, "neuron.aws.com") == TRN2_DEVICES
+                     and allocatable(kube_client, node, neuron) == 0, "the DRA driver serves again", timeout=180)
+                wait(lambda: not [p for p in kube_client.list(Pod, namespace=namespace)
+                                  if p.metadata is not None and p.metadata.name == pod_name],
+                     "the workload pod gone once its claim is unprepared", timeout=120)
+            helm("uninstall", "neuron-helm-chart", "--namespace", dra_ns, "--wait", "--timeout", "120s")
             wait(lambda: allocatable(kube_client, node, neuron) == TRN2_DEVICES, "neuron 16 again", timeout=90)
         print(f"\n[figure] Neuron: helm uninstall of the DRA release to device-plugin capacity {takeover:.1f}s")
     finally:
