@@ -20,9 +20,11 @@ Typical use::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +125,15 @@ class FakeHost:
 
     def remove(self, key: str, rels: list[str]) -> None:
         """Remove ``rels`` (in order) as one removal named ``key``, remembering them for :meth:`restore`."""
+        with self._record_lock():
+            self._remove(key, rels)
+
+    def restore(self, key: str) -> None:
+        """Put back what :meth:`remove` removed under ``key``."""
+        with self._record_lock():
+            self._restore(key)
+
+    def _remove(self, key: str, rels: list[str]) -> None:
         removed = self._load_removed()
         if key in removed:
             raise FakeHostError(f"{self.instance_type}: {key} is already removed")
@@ -134,8 +145,7 @@ class FakeHost:
         for rel in rels:
             delete(self._root, rel)
 
-    def restore(self, key: str) -> None:
-        """Put back what :meth:`remove` removed under ``key``."""
+    def _restore(self, key: str) -> None:
         removed = self._load_removed()
         snaps = removed.pop(key, None)
         if snaps is None:
@@ -196,6 +206,21 @@ class FakeHost:
             self.restore_dev_node(part.dev_node(device))
 
     # ------------------------------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _record_lock(self) -> Iterator[None]:
+        """Two processes (``fake-sysfs remove`` in two shells) update the removal record one at a time: an
+        exclusive ``flock`` on the tree's marker (no file is added to the tree for it)."""
+        try:
+            fd = os.open(self._root / MARKER, os.O_RDONLY)
+        except FileNotFoundError:  # a tree without a marker: nobody else can attach to it
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def _load_removed(self) -> dict[str, list[list[Entry]]]:
         path = self._root / REMOVED_RECORD

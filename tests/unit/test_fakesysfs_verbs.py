@@ -203,3 +203,18 @@ def test_a_reader_that_stops_early_gets_no_traceback(host: Path) -> None:
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(60) == 0 and "Traceback" not in err, err
+
+
+def test_removals_from_parallel_processes_are_all_recorded(host: Path) -> None:
+    """Eight ``fake-sysfs remove`` processes at once (eight shells): every removal is in the record, so every
+    restore works and the tree comes back whole."""
+    before = tree(host)
+    names = [f"neuron{i}" for i in range(8)]
+    procs = [subprocess.Popen([sys.executable, "-m", "accel_core.fakehost.cli", "remove", str(host), name],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for name in names]
+    for proc in procs:
+        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+    assert sorted(FakeHost.attach(host).removed) == sorted(f"neuron:{i}" for i in range(8))
+    for name in names:
+        assert cli.main(["restore", str(host), name]) == 0
+    assert tree(host) == before
