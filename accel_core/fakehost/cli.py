@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_catalog())
         return EXIT_OK
     if args.instance_type is None or args.dir is None:
-        return _fail("need --instance-type TYPE and DIR (or --list)")
+        return _fail(f"need --instance-type TYPE and DIR, --list, or a fault verb ({', '.join(verbs.VERBS)})")
     try:
         spec = catalog.get(args.instance_type)
     except UnknownInstanceType as exc:
