@@ -854,3 +854,40 @@ def test_neuron_and_efa_releases_share_no_object(helm: Path, seed_dra: Rendered,
                    for rel, flags in EFA_RELEASES.items()}}
     for (a, ida), (b, idb) in itertools.combinations(releases.items(), 2):
         assert not ida & idb, f"{a} and {b} both render {sorted(ida & idb, key=str)}"
+
+
+# -- hostile host paths (issue: fakeHost.path=/ mounted the node's root, kubelet PKI included, into a root daemon) ----
+#: Each a hostile value and the words its refusal must carry. The directories are the Linux FHS's and the kubelet's
+#: (its --root-dir /var/lib/kubelet holds pki/; /var/lib/kubelet/device-plugins is fixed by the kubelet).
+HOSTILE_PATHS = [
+    (("fakeHost.path", "/"), "whole root"),
+    (("fakeHost.path", "/var/lib/kubelet"), "/var/lib/kubelet"),
+    (("fakeHost.path", "/var/lib/kubelet/pki"), "inside the node's /var/lib/kubelet"),
+    (("fakeHost.path", "/var/lib"), "holds the node's"),
+    (("fakeHost.path", "/var"), "holds the node's"),
+    (("fakeHost.path", "/etc/fake"), "inside the node's /etc"),
+    (("fakeHost.path", "/proc"), "/proc"),
+    (("fakeHost.path", "/dev/shm/x"), "inside the node's /dev"),
+    (("fakeHost.path", "/var/run/cdi"), "/var/run"),
+    (("fakeHost.path", "/srv/h/../../etc"), "'..'"),
+    (("fakeHost.path", "/srv/h/./x"), "'..'"),
+    (("kubeletRootDir", "/var/lib/../lib/kubelet"), "'..'"),
+    (("devicePluginsDir", "/var/lib/kubelet/device-plugins/.."), "'..'"),
+    (("draDriver.cdiRootDir", "/var/run//cdi"), "'//'"),
+]
+
+
+@pytest.mark.parametrize("chart", [NEURON_CHART, EFA_CHART], ids=["neuron", "efa"])
+@pytest.mark.parametrize(("setting", "words"), HOSTILE_PATHS, ids=[f"{k}={v}" for (k, v), _ in HOSTILE_PATHS])
+def test_charts_refuse_hostile_host_paths(helm: Path, chart: Path, setting: tuple[str, str], words: str) -> None:
+    key, value = setting
+    with pytest.raises(RenderError) as err:
+        template(helm, chart, "--set", f"{key}={value}")
+    assert words in str(err.value) and key in str(err.value), err.value
+
+
+@pytest.mark.parametrize("path", ["/var/lib/accel-fake-host", "/root/.local/state/aws-accel-agents/nodes/t1/host",
+                                  "/opt/fake-sysfs/trn2", "/srv/hosts/p5/"])
+def test_charts_take_a_fake_host_directory_of_its_own(helm: Path, path: str) -> None:
+    for chart in (NEURON_CHART, EFA_CHART):
+        assert template(helm, chart, "--set", f"fakeHost.path={path}").all("DaemonSet")

@@ -89,3 +89,39 @@ nodeAffinity:
     type: Directory
 {{- end }}
 {{- end }}
+
+{{/* Host path values a chart mounts, checked before anything renders. Call with (dict "paths" (dict NAME VALUE ...)
+     "fakeHost" .Values.fakeHost.path "kubelet" KUBELET_ROOT "devicePlugins" DIR "cdi" DIR).
+     - No "." or ".." segment and no "//" in any of them: a host path names its directory itself.
+     - fakeHost.path is a tree the root daemons read as their host: never "/", never a directory that holds a system
+       or kubelet directory (/var, /var/lib, the kubelet root...), never inside one the node keeps secrets or devices
+       in (/etc, /proc, /sys, /dev, /boot, /run, the kubelet root with its PKI, the device-plugins or CDI directory). */}}
+{{- define "accel-dra.checkHostPaths" -}}
+{{- range $name, $value := .paths -}}
+{{- if and $value (regexMatch "(^|/)\\.\\.?(/|$)" $value) -}}
+{{- fail (printf "%s=%s: '.' and '..' segments are not allowed in a host path; give the directory itself" $name $value) -}}
+{{- end -}}
+{{- if and $value (contains "//" $value) -}}
+{{- fail (printf "%s=%s: '//' is not allowed in a host path" $name $value) -}}
+{{- end -}}
+{{- end -}}
+{{- with .fakeHost -}}
+{{- $fh := trimSuffix "/" . -}}
+{{- if eq $fh "" -}}
+{{- fail "fakeHost.path=/ would hand the node's whole root (kubelet PKI included) to the daemons as a fake host; give a directory that holds a generated fake-sysfs tree" -}}
+{{- end -}}
+{{- $kept := list "/etc" "/proc" "/sys" "/dev" "/boot" "/run" "/var/run" $.kubelet $.devicePlugins -}}
+{{- if $.cdi -}}{{- $kept = append $kept $.cdi -}}{{- end -}}
+{{- $holders := concat $kept (list "/usr" "/var" "/var/lib" "/root" "/home" "/opt" "/bin" "/sbin" "/lib" "/lib64" "/srv" "/mnt") -}}
+{{- range $holders -}}
+{{- if hasPrefix (printf "%s/" $fh) (printf "%s/" .) -}}
+{{- fail (printf "fakeHost.path=%s is or holds the node's %s: give a directory of its own for the fake-sysfs tree" $fh .) -}}
+{{- end -}}
+{{- end -}}
+{{- range $kept -}}
+{{- if hasPrefix (printf "%s/" .) (printf "%s/" $fh) -}}
+{{- fail (printf "fakeHost.path=%s is inside the node's %s: give a directory of its own for the fake-sysfs tree" $fh .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
