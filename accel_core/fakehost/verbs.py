@@ -88,8 +88,10 @@ def main(argv: Sequence[str], fail: Callable[[str], int]) -> int:
     args = parser().parse_args(argv)
     root: Path = args.dir
     if not (root / MARKER).is_file():
+        hint = ("" if root.exists() else "; on a containerd rig node HOST_ROOT is the path inside the node: use "
+                "FAKE_HOST_DIR from `accel-cluster node-env NODE`")
         return fail(f"{root} is not a fake-sysfs tree (no {MARKER}); write one with "
-                    f"`fake-sysfs --instance-type TYPE {root}`")
+                    f"`fake-sysfs --instance-type TYPE {root}`{hint}")
     try:
         host = FakeHost.attach(root)
         line: str = args.run(host, args)

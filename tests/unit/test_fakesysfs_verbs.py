@@ -150,6 +150,9 @@ def test_bad_devices_are_one_line_naming_them_and_the_valid_ones(host: Path, trn
     assert f"{trn2_efa[3]} is removed" in err and f"fake-sysfs restore {host} {trn2_efa[3]}" in err
     err = fails(["show", str(host / "nowhere")], capsys)
     assert f"{host / 'nowhere'} is not a fake-sysfs tree" in err and "--instance-type" in err
+    assert "FAKE_HOST_DIR" in err, "a path that does not exist may be a containerd node's in-node HOST_ROOT"
+    err = fails(["show", str(host / "sys")], capsys)
+    assert "is not a fake-sysfs tree" in err and "FAKE_HOST_DIR" not in err
 
 
 def test_a_tree_without_such_devices_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
