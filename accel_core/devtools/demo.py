@@ -389,7 +389,7 @@ async def containerd_section(work: Path) -> None:
                   + ", ".join(i for i in kn.containerd.images() if not i.startswith("sha256")))
             chart = Path(__file__).resolve().parents[2] / "charts" / "aws-efa-k8s-device-plugin"
             argv = ["upgrade", "--install", "aws-efa-k8s-device-plugin", str(chart), "--namespace", "kube-system",
-                    "--set", "image.pullPolicy=Never", "--set", f"fakeHost.path={kn.layout.host_root}"]
+                    "--set", "image.pullPolicy=Never", "--set", f"fakeHost.path={kn.layout.fake_host_path}"]
             print("  $ helm " + " ".join(argv[:6]) + " --set image.pullPolicy=Never --set fakeHost.path=...")
             t0 = time.perf_counter()
             subprocess.run([str(cp.helm), *argv, "--kubeconfig", str(cp.admin_kubeconfig)], check=True,
