@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from neuron_dra.extender.decide import Decider, explain
 from neuron_dra.extender.podspec import BadInput, pod_info
 from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PODS
 from neuron_dra.extender.service import ExtenderService, serve
-from neuron_dra.extender.tls import TlsConfigError, server_context
+from neuron_dra.extender.tls import FollowedTls, TlsConfigError
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +87,8 @@ def _count(text: str) -> int:
     return value
 
 
-def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
-    """The server context from the three TLS flags (all or none; TlsConfigError names what is wrong)."""
+def _tls(args: argparse.Namespace, registry: CollectorRegistry) -> FollowedTls | None:
+    """The followed TLS files from the three flags (all or none; TlsConfigError names what is wrong)."""
     files = {"--tls-cert-file": args.tls_cert_file, "--tls-key-file": args.tls_key_file,
              "--tls-client-ca-file": args.tls_client_ca_file}
     given = [flag for flag, value in files.items() if value is not None]
@@ -98,7 +97,7 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     if len(given) != len(files):
         missing = ", ".join(flag for flag in files if flag not in given)
         raise TlsConfigError(f"{', '.join(given)} needs {missing} too (the extender serves mutual TLS or plain HTTP)")
-    return server_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+    return FollowedTls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file, registry)
 
 
 def _client(kubeconfig: str | None) -> AsyncClient:
@@ -107,8 +106,9 @@ def _client(kubeconfig: str | None) -> AsyncClient:
 
 def _serve(args: argparse.Namespace) -> int:
     setup_logging(args.log_level, args.log_format)
+    registry = CollectorRegistry()
     try:
-        ssl_context = _tls(args)
+        tls = _tls(args, registry)
     except TlsConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -119,7 +119,6 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     except (ConfigError, OSError, ValueError):
         pass  # none at all: serve logs it and runs without counting bound pods
-    registry = CollectorRegistry()
     metrics = serve_metrics(registry, args.metrics_port, args.metrics_address)
 
     async def main(stop: asyncio.Event) -> None:
@@ -134,7 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
                           max_reserved_nodes=args.max_reserved_nodes)
         service = ExtenderService(decider, registry, client, scheduler_name=args.scheduler_name)
         try:
-            await serve(service, args.address, args.port, stop, ssl_context)
+            await serve(service, args.address, args.port, stop, tls)
         finally:
             if client is not None:
                 await client.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +29,7 @@ from neuron_dra.extender.decide import Decider, Verdict, explain
 from neuron_dra.extender.httpserver import JSON, TEXT, HttpServer, Response
 from neuron_dra.extender.pending import PendingPods
 from neuron_dra.extender.podspec import BadInput, PodInfo, pod_info
+from neuron_dra.extender.tls import FollowedTls
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,8 @@ class ExtenderService:
 
 
 async def serve(service: ExtenderService, address: str, port: int, stop: asyncio.Event,
-                ssl_context: ssl.SSLContext | None = None) -> None:
+                tls: FollowedTls | None = None) -> None:
+    ssl_context = tls.context if tls is not None else None
     server = HttpServer(service.handle, address, port, ssl_context=ssl_context)
     bound = await server.start()
     if ssl_context is None:
@@ -228,6 +229,8 @@ async def serve(service: ExtenderService, address: str, port: int, stop: asyncio
     log.info("neuron scheduler extender listening",
              extra=kv(address=address, port=bound, tls="mutual" if ssl_context is not None else "off"))
     watches = [asyncio.create_task(service.watch_pods(stop)), asyncio.create_task(service.watch_pending(stop))]
+    if tls is not None:
+        watches.append(asyncio.create_task(tls.follow(stop)))
     try:
         await stop.wait()
     finally:
