@@ -92,9 +92,14 @@ class CdiSpecWriter:
     def spec_path(self, spec_id: str) -> Path:
         return self.root / f"{self.vendor}-{self.cls}_{spec_id.replace('/', '_')}.json"
 
+    def names_a_file(self, spec_id: str) -> bool:
+        """True when ``spec_id`` makes a plain file name (valid characters, at most 255 bytes with the affixes)."""
+        return (len(spec_id) <= 255 and _NAME_RE.fullmatch(spec_id) is not None
+                and len(self.spec_path(spec_id).name) <= 255)
+
     def check(self, spec_id: str, names: Iterable[str]) -> None:
         """CdiError unless ``spec_id`` makes a plain file name and every device name is valid (and there is one)."""
-        if not _NAME_RE.fullmatch(spec_id) or len(self.spec_path(spec_id).name) > 255:
+        if not self.names_a_file(spec_id):
             raise CdiError(f"invalid CDI spec id {spec_id[:64]!r}")
         count = 0
         for name in names:
@@ -168,11 +173,11 @@ class CdiSpecWriter:
             raise CdiError(f"unreadable CDI spec {path}: {exc}") from exc
 
     def exists(self, spec_id: str) -> bool:
-        return bool(_NAME_RE.fullmatch(spec_id)) and self.spec_path(spec_id).is_file()
+        return self.names_a_file(spec_id) and self.spec_path(spec_id).is_file()
 
     def remove(self, spec_id: str) -> bool:
         """Remove the spec; True if it existed. Idempotent; an id that cannot name a spec of ours has none."""
-        if not _NAME_RE.fullmatch(spec_id):
+        if not self.names_a_file(spec_id):
             return False
         try:
             os.unlink(self.spec_path(spec_id))

@@ -28,7 +28,19 @@ Unprepare removes the CDI spec and the checkpoint entry; an unknown claim (alrea
 here) is not an error, and the API server is never consulted, so deleted claims unprepare fine. Whatever the
 kubelet sends, an existing entry is removed once its spec is gone. A spec that cannot be removed (a read-only or
 failing CDI directory) fails that claim and keeps its entry, so its devices stay held while a runtime could still
-use the spec, and the kubelet retries.
+use the spec, and the kubelet retries. A UID that is not a Kubernetes UID (:func:`accel_core.k8snames.is_uid`) names
+no spec of ours: its unprepare succeeds, checked before any path is built (only an entry an older driver
+recorded under it unchecked is dropped), and a prepare fails that claim.
+
+Disk full (or any write error) leaves the checkpoint and the CDI directory consistent in every order of failure:
+
+- unprepare removes the spec first (a spec that stays keeps its entry: devices held while a runtime could use
+  it), then the entry; when that checkpoint write fails, the removed specs are written back from the entries that
+  stayed (:meth:`DraDriver._respec`), so the claim is prepared as before and the kubelet retries; if that write
+  fails too, the entry without a spec still holds its devices, and no answer names the missing spec (below);
+- prepare writes the spec, then the entry; when the checkpoint write fails, the spec goes again (a spec that
+  cannot be removed is an orphan no answer names, which start removes);
+- a prepare of a recorded claim re-creates a missing spec before it answers, and fails the claim if it cannot.
 
 A request with several claims (:meth:`DraDriver.prepare_blocking`, :meth:`DraDriver.unprepare_blocking`) does the same
 steps claim by claim, but reads the claims from the API server at once and records them together: their CDI
@@ -70,12 +82,14 @@ from accel_core.dra.claimreport import (
 )
 from accel_core.dra.claims import AllocatedDevice, ClaimReader, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
+from accel_core.dra.logtext import cut
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DeviceStatusData, PreparedDevice
 from accel_core.health import DeviceHealth
+from accel_core.k8snames import UID_RULE, is_uid
 from accel_core.logs import kv
 
 log = logging.getLogger(__name__)
@@ -478,10 +492,16 @@ class DraDriver:
     def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         out: dict[str, Exception | None] = {}
         self.store.refresh()  # another process may have recorded (or removed) these claims meanwhile
+        removed_specs: list[str] = []
         for claim in claims:
             out[claim.uid] = None
+            if not is_uid(claim.uid):  # checked before any path is built: no spec of ours has such a name
+                log.info("unprepare of a claim UID that is not a Kubernetes UID: no CDI spec to remove", extra=kv(
+                    claim=str(claim), rule=UID_RULE))
+                continue  # an entry an older driver recorded under it, unchecked, is still dropped below
             try:
-                self.cdi.remove(claim.uid)
+                if self.cdi.remove(claim.uid):
+                    removed_specs.append(claim.uid)
             except CdiError as exc:  # the spec stays usable: keep the entry (its devices stay held), fail the claim
                 out[claim.uid] = ClaimError(f"{exc}; the claim stays prepared until the kubelet retries")
         failed = [uid for uid, error in out.items() if error is not None]
@@ -494,13 +514,34 @@ class DraDriver:
             removed = self.store.remove_many([c.uid for c in claims if out[c.uid] is None])
         except OSError as exc:
             self.metrics.claim_errors.labels("unprepare").inc(len(claims) - len(failed))
-            error = ClaimError(f"cannot update checkpoint {self.store.path}: {exc}")
+            kept = self._respec(removed_specs)
+            error = ClaimError(f"cannot update checkpoint {self.store.path}: {exc}; {kept}, and the kubelet retries")
             return {uid: result or error for uid, result in out.items()}
         for claim in claims:
             if claim.uid not in removed:
                 log.debug("unprepare of an unknown claim: nothing to do", extra=kv(claim=str(claim)))
         self._update_gauges()
         return out
+
+    def _respec(self, uids: Sequence[str]) -> str:
+        """Put back the CDI specs an unprepare removed before its checkpoint write failed, from the entries that
+        stayed, so each claim is prepared as before (entry and spec) until the kubelet retries; says what was done.
+        A spec that cannot be written either leaves its entry without one: its devices stay held, and a prepare
+        re-creates the spec before it answers (:meth:`_ensure_spec`), as start does (:meth:`restore`)."""
+        lost = []
+        for uid in uids:
+            claim = self.store.get(uid)
+            if claim is None or claim.state != STATE_COMPLETED:
+                continue
+            try:
+                self.cdi.write(uid, claim.cdi_devices())
+            except CdiError as exc:
+                lost.append(claim.describe())
+                log.error("cannot put back the CDI spec of a claim that stays prepared; a prepare re-creates it",
+                          extra=kv(claim=claim.describe(), error=cut(exc)))
+        if lost:
+            return "the claim stays prepared (its CDI spec is re-created before a prepare answers)"
+        return "the claim stays prepared (CDI spec put back)"
 
     # -- health ----------------------------------------------------------------------------------------------------
     def set_health(self, health: Mapping[str, DeviceHealth]) -> bool:

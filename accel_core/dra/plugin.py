@@ -38,6 +38,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from accel_core.backoff import Backoff
+from accel_core.dra.logtext import Throttle, cut
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
 from accel_core.grpc_types import Ctx
 from accel_core.instancelock import InstanceLock
@@ -66,6 +67,9 @@ DRA_SERVER_THREADS = 8
 #: Health streams open at once, at most (the kubelet keeps one; a restarted kubelet's old one may linger): a new
 #: stream ends the oldest, so at least DRA_SERVER_THREADS - MAX_HEALTH_STREAMS threads stay for calls.
 MAX_HEALTH_STREAMS = 3
+#: Registration answers kept for a reader (tests, diagnostics), newest last; older ones are dropped, so a kubelet
+#: that keeps calling NotifyRegistrationStatus costs no memory (each error is kept cut, :func:`cut`).
+REGISTRATION_STATUS_KEPT = 8
 
 Results = dict[str, tuple[list[PreparedDevice], str]]
 
@@ -204,7 +208,9 @@ class DraPlugin:
         self._servers: list[grpc.aio.Server] = []
         self._dra_server: grpc.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.registration_status: asyncio.Queue[tuple[bool, str]] = asyncio.Queue()
+        #: The kubelet's last registration answers (bounded: :meth:`_registration_answered`).
+        self.registration_status: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(REGISTRATION_STATUS_KEPT)
+        self._rejections = Throttle(log, period=60.0)
         #: Set once the kubelet has confirmed a registration of this process's sockets.
         self.registered_once = asyncio.Event()
 
@@ -259,6 +265,13 @@ class DraPlugin:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self.metrics.registered.labels(self.driver).set(0)
+
+    def _registration_answered(self, registered: bool, error: str) -> None:
+        """Keep the kubelet's answer (its error cut), dropping the oldest kept one when the queue is full."""
+        if self.registration_status.full():
+            with contextlib.suppress(asyncio.QueueEmpty):
+                self.registration_status.get_nowait()
+        self.registration_status.put_nowait((registered, cut(error)))
 
     def sockets_present(self) -> bool:
         return self.registration_socket.exists() and self.dra_socket.exists()
@@ -341,7 +354,7 @@ class DraPlugin:
         self.metrics.seconds.labels(self.driver, operation).observe(elapsed)
         level = logging.INFO if result == "ok" else logging.WARNING
         log.log(level, f"{operation} {result}", extra=kv(driver=self.driver, claim=str(claim), devices=len(entry[0]),
-                                                          seconds=round(elapsed, 4), error=entry[1] or None))
+                                                          seconds=round(elapsed, 4), error=cut(entry[1]) or None))
         return entry
 
     # -- health --------------------------------------------------------------------------------------------------
@@ -501,8 +514,9 @@ class _Registration(rp_grpc.RegistrationServicer):
             self._p.metrics.registered.labels(self._p.driver).set(1)
             self._p.registered_once.set()
         else:
-            log.error("kubelet REJECTED the DRA plugin registration; check the kubelet version and that DRA is on",
-                      extra=kv(driver=self._p.driver, error=request.error))
+            self._p._rejections.log(
+                logging.ERROR, "kubelet REJECTED the DRA plugin registration; check the kubelet version and that DRA "
+                "is on", extra=kv(driver=self._p.driver, error=cut(request.error)))
             self._p.metrics.registered.labels(self._p.driver).set(0)
-        self._p.registration_status.put_nowait((request.plugin_registered, request.error))
+        self._p._registration_answered(request.plugin_registered, request.error)
         return rp.RegistrationStatusResponse()

@@ -32,6 +32,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from accel_core.dra.claimreport import API_VERSION, ready_condition
+from accel_core.dra.logtext import Throttle, cut
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
@@ -42,11 +43,13 @@ log = logging.getLogger(__name__)
 #: Attempts per claim, and the pause before the first retry (doubled each time).
 ATTEMPTS = 4
 RETRY_SECONDS = 1.0
-#: Claims waiting to be written, at most; more are dropped with a warning (the API server is not keeping up).
+#: Claims waiting to be written, at most; more are dropped with a warning (the API server is not keeping up), logged
+#: at most once per DROP_LOG_SECONDS with the count of drops since the last line.
 MAX_PENDING = 4096
 #: Seconds between a prepare and its status write: the kubelet's next calls (and the container start) go first,
 #: and a claim unprepared meanwhile is not written at all (its status would describe devices it no longer has).
 DELAY_SECONDS = 0.2
+DROP_LOG_SECONDS = 10.0
 
 
 def status_patch(claim: PreparedClaim, driver: str, now: datetime,
@@ -84,6 +87,8 @@ class DeviceStatusWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[tuple[float, PreparedClaim]] = asyncio.Queue()
         self._queued: set[str] = set()  # claim UIDs in the queue: a claim prepared again meanwhile is written once
+        self._drops = Throttle(log, DROP_LOG_SECONDS)
+        self.dropped = 0
         self.written = 0
         self.failed = 0
         self.skipped = 0
@@ -103,8 +108,9 @@ class DeviceStatusWriter:
             if claim.uid in self._queued:
                 continue
             if self._queue.qsize() >= MAX_PENDING:
-                log.warning("too many device status writes pending; dropping one", extra=kv(
-                    claim=claim.describe()))
+                self.dropped += 1
+                self._drops.warning("too many device status writes pending; dropping them", extra=kv(
+                    claim=claim.describe(), pending=MAX_PENDING, dropped=self.dropped))
                 continue
             self._queue.put_nowait((due, claim))
             self._queued.add(claim.uid)
@@ -154,8 +160,8 @@ class DeviceStatusWriter:
                 return
             if attempt == ATTEMPTS or stop.is_set():
                 self.failed += 1
-                log.warning("could not write the claim's device status", extra=kv(
-                    claim=claim.describe(), attempts=attempt, error=error))
+                self._drops.warning("could not write the claim's device status", extra=kv(
+                    claim=claim.describe(), attempts=attempt, error=cut(error), failed=self.failed))
                 return
             await asyncio.sleep(pause)
             pause *= 2
