@@ -56,10 +56,12 @@ from accel_core.dra.publisher import SlicePublisher, build_slices
 from accel_core.dra.service import (
     DEFAULT_HEALTH_POLL_INTERVAL,
     DEFAULT_HEALTHCHECK_PORT,
+    DEFAULT_MIN_SLICE_WRITE_INTERVAL,
     DEFAULT_RESCAN_INTERVAL,
     DraService,
     dra_driver_version,
 )
+from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER
 from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.kubeconfig import setting as kubeconfig_setting
@@ -144,6 +146,17 @@ class DriverCli:
                                help="effect of the <driver>/unhealthy taint on an unhealthy device: NoSchedule keeps "
                                     "new claims off it, NoExecute also evicts the pods using it "
                                     "(env UNHEALTHY_TAINT_EFFECT; default NoSchedule)")
+        serve.add_env_argument("--noexecute-after", env="UNHEALTHY_NOEXECUTE_AFTER", type=_non_negative,
+                               default=DEFAULT_NOEXECUTE_AFTER,
+                               help="with --unhealthy-taint-effect NoExecute: seconds a device must stay unhealthy "
+                                    "before its taint turns NoExecute (NoSchedule until then, at once), so a blip "
+                                    "or a flapping port evicts nothing (env UNHEALTHY_NOEXECUTE_AFTER; default "
+                                    f"{DEFAULT_NOEXECUTE_AFTER:g}; 0: at once)")
+        serve.add_env_argument("--min-slice-write-interval", env="MIN_SLICE_WRITE_INTERVAL", type=_non_negative,
+                               default=DEFAULT_MIN_SLICE_WRITE_INTERVAL,
+                               help="seconds between ResourceSlice writes that change only taints (health); the "
+                                    "latest state goes out then (env MIN_SLICE_WRITE_INTERVAL; default "
+                                    f"{DEFAULT_MIN_SLICE_WRITE_INTERVAL:g}; 0: no limit)")
         serve.add_argument("--remove-slices-on-exit", action="store_true",
                            help="delete this driver's ResourceSlices when stopping (uninstall); off for upgrades")
         for flag in self.flags:
@@ -244,6 +257,8 @@ class DriverCli:
                                  remove_slices_on_exit=args.remove_slices_on_exit,
                                  device_status=args.device_status == "on",
                                  taint_effect=args.unhealthy_taint_effect, registry=registry,
+                                 noexecute_after=args.noexecute_after,
+                                 min_slice_write_interval=args.min_slice_write_interval,
                                  instance_lock=instance, registration_wait=args.registration_wait,
                                  daemonset=((args.pod_namespace, args.daemonset_name)
                                             if args.pod_namespace and args.daemonset_name else None))

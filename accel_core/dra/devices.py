@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 
 from lightkube.models import resource_v1 as api
@@ -46,11 +47,13 @@ AttributeValue = bool | int | str | Version
 
 @dataclass(frozen=True)
 class Taint:
-    """A device taint; ``effect`` is NoSchedule, NoExecute or None."""
+    """A device taint; ``effect`` is NoSchedule, NoExecute or None. ``time_added`` (timezone-aware) is sent as
+    ``timeAdded`` when set; when not, the API server stamps the time of every write that carries the taint."""
 
     key: str
     value: str = ""
     effect: str = "NoSchedule"
+    time_added: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class SliceDevice:
             capacity={k: api.DeviceCapacity(value=quantity(v)) for k, v in sorted(self.capacity.items())} or None,
             consumesCounters=[api.DeviceCounterConsumption(counterSet=cs, counters=_counters(used))
                               for cs, used in sorted(self.consumes.items())] or None,
-            taints=[api.DeviceTaint(key=t.key, value=t.value or None, effect=t.effect) for t in self.taints] or None)
+            taints=[api.DeviceTaint(key=t.key, value=t.value or None, effect=t.effect, timeAdded=t.time_added)
+                    for t in self.taints] or None)
 
 
 def _attribute(value: AttributeValue) -> api.DeviceAttribute:

@@ -17,7 +17,8 @@ A profile says:
   :class:`~accel_core.dra.types.ClaimError` naming a device that is unknown or not usable here.
 
 The core taints unhealthy devices ``<driver>/unhealthy=<reason>:NoSchedule`` (``NoExecute`` when the operator
-chooses it) and reports the same health to the kubelet's health stream.
+chooses it, once the device stayed unhealthy ``--noexecute-after`` seconds: :mod:`accel_core.dra.taints`) and reports
+the same health to the kubelet's health stream.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ UNHEALTHY_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 
 def tainted(driver: str, devices: Sequence[SliceDevice], health: Mapping[str, DeviceHealth],
             effect: str = "NoSchedule") -> list[SliceDevice]:
-    """The devices with ``<driver>/unhealthy=<reason>:<effect>`` on every unhealthy one."""
+    """The devices with ``<driver>/unhealthy=<reason>:<effect>`` on every unhealthy one, untimed (``slices``
+    prints these; ``serve`` uses :class:`accel_core.dra.taints.UnhealthyTaints`)."""
     out = []
     for dev in devices:
         state = health.get(dev.name)

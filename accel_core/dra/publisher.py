@@ -10,6 +10,11 @@ line with that and nothing else:
 - nothing is written before the driver hands over its first complete device list, and nothing while what the
   server holds already matches it (checked on start, after every watch event and every change), so an idle node
   causes no writes at all; a change writes every slice of the pool with the pool generation bumped;
+- a change of taints alone (health) is written at most once per ``min_write_interval`` seconds, the latest state
+  then; the first write and any other change go out at once. A port flapping every 0.2 s costs a few writes a
+  minute, not hundreds;
+- the server's taints (with their ``timeAdded``) from the first listing are handed to ``on_listed`` before
+  anything is written, so a restarted driver can keep them (:mod:`accel_core.dra.taints`);
 - an API server that cannot be reached (connection refused or reset, 502/503/504 while it starts) is retried every
   0.5 s (jittered), so slices are back within a second of its return whatever the outage lasted; a dial costs it
   nothing. An API server that answers with an error is retried with exponential backoff (0.5 s doubling to 30 s),
@@ -29,7 +34,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -43,7 +48,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accel_core.backoff import Backoff, wait_or_stop
-from accel_core.dra.devices import CounterSet, SliceDevice, quantity_value, validate_devices
+from accel_core.dra.devices import CounterSet, SliceDevice, Taint, quantity_value, validate_devices
 from accel_core.logs import kv
 from accel_core.watch import STOP, TASK, wake
 
@@ -124,6 +129,17 @@ def spec_key(spec: api.ResourceSliceSpec) -> str:
     }, sort_keys=True)
 
 
+def structure_key(devices: Sequence[SliceDevice], counters: Sequence[CounterSet]) -> tuple[object, ...]:
+    """What a pool holds apart from its taints: equal keys mean a change of health only."""
+    return (tuple(dataclasses.replace(d, taints=()) for d in devices), tuple(counters))
+
+
+def server_taints(slices: Sequence[ResourceSlice]) -> dict[str, tuple[Taint, ...]]:
+    """The taints the server holds, by device name, with their ``timeAdded``."""
+    return {d.name: tuple(Taint(t.key, t.value or "", t.effect, t.timeAdded) for t in d.taints)
+            for o in slices for d in o.spec.devices or [] if d.taints}
+
+
 def _has_taints(spec: api.ResourceSliceSpec) -> bool:
     return any(d.taints for d in spec.devices or [])
 
@@ -166,6 +182,8 @@ class SlicePublisher:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         unreachable_retry: float = 0.5,
+        min_write_interval: float = 0.0,
+        on_listed: Callable[[dict[str, tuple[Taint, ...]]], None] | None = None,
     ) -> None:
         self.client = client
         self.driver = driver
@@ -187,6 +205,10 @@ class SlicePublisher:
         self._wake = asyncio.Event()
         self._failures = 0
         self._generation = 0
+        self.min_write_interval = min_write_interval
+        self.on_listed = on_listed
+        self._written: tuple[float, tuple[object, ...]] | None = None  # loop time and structure of the last write
+        self._due: float | None = None  # loop time a held-back health write is due
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -247,6 +269,9 @@ class SlicePublisher:
             resource_version: str | None = listing.resourceVersion
         except NotReadyError:
             resource_version = None
+        if self.on_listed is not None:
+            hook, self.on_listed = self.on_listed, None  # once: what a restarted driver finds
+            hook(server_taints(list(self._cache.values())))
         await self._reconcile()
         self.reconciles += 1
         if self._failures:
@@ -256,7 +281,8 @@ class SlicePublisher:
         watch = asyncio.create_task(self._watch(resource_version))
         try:
             while True:
-                woke = await wake(stop, self._wake, tasks=(watch,))
+                timeout = None if self._due is None else max(0.0, self._due - asyncio.get_running_loop().time())
+                woke = await wake(stop, self._wake, tasks=(watch,), timeout=timeout)
                 if woke == STOP:
                     return
                 if woke == TASK:
@@ -303,8 +329,16 @@ class SlicePublisher:
         devices = self._wanted_devices()
         wanted = build_slices(self.driver, self.node_name, devices, node_uid=self._node_uid, counters=self._counters)
         self._generation = max([self._generation, *(o.spec.pool.generation for o in self._cache.values())])
+        self._due = None
         if not self._in_sync(wanted):
+            now = asyncio.get_running_loop().time()
+            structure = structure_key(self._desired, self._counters)
+            if (self._written is not None and self._written[1] == structure
+                    and now < self._written[0] + self.min_write_interval):
+                self._due = self._written[0] + self.min_write_interval  # health only: coalesce, latest state then
+                return
             await self._write(wanted)
+            self._written = (now, structure)
         self.metrics.slices.labels(self.driver).set(len(self._cache))
         self.metrics.devices.labels(self.driver).set(len(devices))
         self.metrics.generation.labels(self.driver).set(self._generation)

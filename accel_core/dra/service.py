@@ -35,18 +35,19 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
-from accel_core.dra.devices import SliceValidationError
+from accel_core.dra.devices import SliceValidationError, Taint
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.prepared import PreparedClaim
-from accel_core.dra.profile import DraProfile, Scan, tainted
+from accel_core.dra.profile import DraProfile, Scan
 from accel_core.dra.publisher import SlicePublisher
 from accel_core.dra.reporter import ClaimReporter
 from accel_core.dra.status import DeviceStatusWriter
 from accel_core.dra.store import ClaimStore
+from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints
 from accel_core.dra.types import ClaimError
 from accel_core.health import HEALTHY, DeviceHealth
 from accel_core.healthpoll import FilePoller, PollTimer
@@ -71,6 +72,9 @@ HELD_RECHECK_S = 5.0
 #: how long the slices wait for the device plugin's resources to leave the Node's allocatable (the kubelet reports
 #: them every nodeStatusUpdateFrequency, 10 s by default)
 DRAIN_WAIT_S = 30.0
+#: Seconds between slice writes that change only taints (health), the latest state then: a flapping port costs at
+#: most 60 / this pool writes a minute (a taint appears at once when none went out that long before).
+DEFAULT_MIN_SLICE_WRITE_INTERVAL = 5.0
 
 
 def dra_driver_version() -> str:
@@ -107,6 +111,8 @@ class DraService:
         remove_slices_on_exit: bool = False,
         device_status: bool = True,
         taint_effect: str = "NoSchedule",
+        noexecute_after: float = DEFAULT_NOEXECUTE_AFTER,
+        min_slice_write_interval: float = DEFAULT_MIN_SLICE_WRITE_INTERVAL,
         registry: CollectorRegistry | None = None,
         dra_version: str | None = None,
         instance_lock: InstanceLock | None = None,
@@ -126,6 +132,7 @@ class DraService:
         self.cleanup_interval = cleanup_interval
         self.remove_slices_on_exit = remove_slices_on_exit
         self.taint_effect = taint_effect
+        self.taints = UnhealthyTaints(self.driver_name, taint_effect, noexecute_after=noexecute_after)
         self.dra_version = dra_version or dra_driver_version()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = DriverMetrics(self.registry, profile.metrics_prefix)
@@ -152,7 +159,8 @@ class DraService:
             self.plugin.instance = instance_lock
         self.cleaner = StaleClaimCleaner(store=self.store, reader=self.reader, unprepare=self.plugin.unprepare_claims,
                                          driver=self.driver_name, pool=node_name, metrics=self.metrics)
-        self.publisher = (SlicePublisher(client, self.driver_name, node_name, registry=self.registry)
+        self.publisher = (SlicePublisher(client, self.driver_name, node_name, registry=self.registry,
+                                         min_write_interval=min_slice_write_interval, on_listed=self._seed_taints)
                           if client is not None else None)
         self.own_node = OwnNode(client, node_name)
         self.liveness = LivenessServer(self.check_liveness, healthcheck_port) if healthcheck_port >= 0 else None
@@ -212,14 +220,23 @@ class DraService:
             self.held = held
         self.metrics.held_by_device_plugin.set(len(held))
         self.own_node.want(labels=self.scan.node_labels, annotations=self.scan.node_annotations)
-        if self.publisher is not None:
-            devices = tainted(self.driver_name, [d for d in self.scan.devices if d.name not in held],
-                              self.scan.health, self.taint_effect)
-            try:
-                self.publisher.set_devices(devices, self.scan.counters if devices else ())
-            except SliceValidationError as exc:
-                log.error("not publishing: a device breaks the ResourceSlice limits", extra=kv(error=exc))
+        self._hand_over()
         return self.scan
+
+    def _hand_over(self) -> None:
+        """The publishable devices, tainted as of now, to the publisher (also when a NoExecute hold ends)."""
+        if self.publisher is None:
+            return
+        devices = self.taints.apply([d for d in self.scan.devices if d.name not in self.held], self.scan.health)
+        try:
+            self.publisher.set_devices(devices, self.scan.counters if devices else ())
+        except SliceValidationError as exc:
+            log.error("not publishing: a device breaks the ResourceSlice limits", extra=kv(error=exc))
+
+    def _seed_taints(self, published: dict[str, tuple[Taint, ...]]) -> None:
+        """The publisher's first listing: keep the unhealthy-since times of taints that persist across a restart."""
+        if self.taints.seed(published):
+            self._hand_over()
 
     def _health(self) -> dict[str, DeviceHealth]:
         """Every published device's health, in pool order (healthy when the profile says nothing)."""
@@ -257,6 +274,7 @@ class DraService:
         tasks: list[asyncio.Task[None]] = []
         if self.publisher is not None:
             tasks.append(asyncio.create_task(self._publish(stop)))
+            tasks.append(asyncio.create_task(self.taints.run(stop, self._hand_over)))
         else:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
         if self.client is not None and (self.scan.node_labels or self.scan.node_annotations):

@@ -102,6 +102,7 @@ COMMON_ENV = {
     "REGISTRATION_WAIT": "30",
     "DEVICE_STATUS": "on",
     "UNHEALTHY_TAINT_EFFECT": "NoSchedule",
+    "UNHEALTHY_NOEXECUTE_AFTER": "30",
     "LOG_LEVEL": "INFO",
     "LOG_FORMAT": "kv",
     "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},

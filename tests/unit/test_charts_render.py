@@ -757,6 +757,22 @@ def test_dra_1_37_settings_default_and_set(helm: Path, chart: Path, flags: list[
         template(helm, chart, *flags, "--set", "draDriver.unhealthyTaintEffect=Evict")
 
 
+@pytest.mark.parametrize(("chart", "flags", "ds", "klass", "driver", "resource"), DRA_1_37, ids=["neuron", "efa"])
+def test_noexecute_hold_reaches_the_driver_and_bad_values_are_refused(
+        helm: Path, chart: Path, flags: list[str], ds: str, klass: str, driver: str, resource: str) -> None:
+    """draDriver.unhealthyNoExecuteAfterSeconds: 30 s by default (well above the 0.75 s health poll and a port flap),
+    any number of seconds from 0 (NoExecute at once) to a day; negative or non-numeric values are refused."""
+    release = "aws-efa-k8s-device-plugin" if chart == EFA_CHART else "test"
+    env = env_of(container(template(helm, chart, *flags, release=release).get("DaemonSet", ds)))
+    assert env["UNHEALTHY_NOEXECUTE_AFTER"] == "30"
+    r = template(helm, chart, *flags, "--set-json", "draDriver.unhealthyNoExecuteAfterSeconds=2.5", release=release)
+    assert env_of(container(r.get("DaemonSet", ds)))["UNHEALTHY_NOEXECUTE_AFTER"] == "2.5"
+    for bad in ("-1", "\"soon\"", "86401"):
+        with pytest.raises(RenderError, match="unhealthyNoExecuteAfterSeconds"):
+            template(helm, chart, *flags, "--set-json", f"draDriver.unhealthyNoExecuteAfterSeconds={bad}",
+                     release=release)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Several releases in one cluster (issue 31 item 2): the guide's DRA install and device-plugin install side by side,
 # and the EFA device plugin and DRA driver as two releases. Helm refuses to install an object another release owns,

@@ -117,6 +117,10 @@ spec:
               value: {{ ternary "on" "off" $c.deviceStatus | quote }}
             - name: UNHEALTHY_TAINT_EFFECT
               value: {{ $c.unhealthyTaintEffect | quote }}
+            {{- if hasKey $c "unhealthyNoExecuteAfterSeconds" }}
+            - name: UNHEALTHY_NOEXECUTE_AFTER
+              value: {{ $c.unhealthyNoExecuteAfterSeconds | toString | quote }}
+            {{- end }}
             {{- with $c.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
