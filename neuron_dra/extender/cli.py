@@ -25,7 +25,7 @@ from neuron_dra.accelerator import EXTENDER
 from neuron_dra.deviceusage import USAGE_ANNOTATION
 from neuron_dra.extender.decide import Decider, explain
 from neuron_dra.extender.podspec import BadInput, pod_info
-from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PODS
+from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PER_NAMESPACE, MAX_PODS
 from neuron_dra.extender.service import ExtenderService, serve
 from neuron_dra.extender.tls import FollowedTls, TlsConfigError
 
@@ -52,8 +52,13 @@ def build_parser() -> EnvArgumentParser:
                          help="seconds a pod passed to nodes counts against them until it is bound "
                               "(env RESERVE_FOR; default 15)")
     srv.add_env_argument("--max-reservations", env="MAX_RESERVATIONS", type=_count, default=MAX_PODS,
-                         help=f"most pods reserved at once; past it the oldest reservation goes, with a warning "
+                         help=f"most pods reserved at once; past it new reservations are refused, with a warning "
                               f"(env MAX_RESERVATIONS; default {MAX_PODS})")
+    srv.add_env_argument("--max-reservations-per-namespace", env="MAX_RESERVATIONS_PER_NAMESPACE", type=_count,
+                         default=MAX_PER_NAMESPACE,
+                         help=f"most pods of one namespace reserved at once (and the same share of "
+                              f"--max-reserved-nodes); past it the namespace's own oldest reservation goes "
+                              f"(env MAX_RESERVATIONS_PER_NAMESPACE; default {MAX_PER_NAMESPACE})")
     srv.add_env_argument("--max-reserved-nodes", env="MAX_RESERVED_NODES", type=_count, default=MAX_NODE_ENTRIES,
                          help=f"most (pod, node) pairs held by reservations, which bounds their memory "
                               f"(env MAX_RESERVED_NODES; default {MAX_NODE_ENTRIES})")
@@ -130,7 +135,8 @@ def _serve(args: argparse.Namespace) -> int:
                       extra=kv(error=exc))
             client = None
         decider = Decider(reserve_for=args.reserve_for, max_reservations=args.max_reservations,
-                          max_reserved_nodes=args.max_reserved_nodes)
+                          max_reserved_nodes=args.max_reserved_nodes,
+                          max_reservations_per_namespace=args.max_reservations_per_namespace)
         service = ExtenderService(decider, registry, client, scheduler_name=args.scheduler_name)
         try:
             await serve(service, args.address, args.port, stop, tls)

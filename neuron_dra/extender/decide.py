@@ -53,14 +53,16 @@ class Decider:
     """Filter/prioritize over a pod index (bound pods) and recent reservations; see the module docstring."""
 
     def __init__(self, *, reserve_for: float = 15.0, max_reservations: int = MAX_PODS,
-                 max_reserved_nodes: int = MAX_NODE_ENTRIES, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_reserved_nodes: int = MAX_NODE_ENTRIES, max_reservations_per_namespace: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.reserve_for = reserve_for
         #: node -> uid -> bound pod with Neuron requests. Inner dicts are replaced, never changed in place, so a
         #: worker thread may read them while the event loop updates the index.
         self.bound: dict[str, dict[str, PodInfo]] = {}
         self._where: dict[str, str] = {}
         self.reservations = ReservationBook(reserve_for, max_pods=max_reservations,
-                                            max_node_entries=max_reserved_nodes, clock=clock)
+                                            max_node_entries=max_reserved_nodes,
+                                            max_per_namespace=max_reservations_per_namespace, clock=clock)
         self._parsed: OrderedDict[str, DeviceUsage | str] = OrderedDict()
         self._placed: OrderedDict[tuple[object, ...], tuple[Placement, int]] = OrderedDict()
 
@@ -86,7 +88,8 @@ class Decider:
         self.bound, self._where = {}, {}
 
     def reserve(self, pod: PodInfo, nodes: Iterable[str]) -> int:
-        """Count ``pod`` on ``nodes`` until it is bound or expires; returns how many reservations the caps evicted."""
+        """Count ``pod`` on ``nodes`` until it is bound or expires; returns how many of its namespace's reservations
+        made room (a refusal, the book being full, counts in ``reservations.refused``)."""
         if pod.uid and pod.requests and pod.uid not in self._where:  # a pod without Neuron requests takes nothing
             return self.reservations.add(pod, nodes)
         return 0

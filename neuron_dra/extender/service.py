@@ -33,7 +33,7 @@ from neuron_dra.extender.tls import FollowedTls
 
 log = logging.getLogger(__name__)
 
-#: at most one warning per this many seconds while reservations are being evicted for the caps
+#: at most one warning of a kind per this many seconds while reservations are evicted or refused for the caps
 EVICTION_LOG_EVERY = 60.0
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -57,8 +57,11 @@ class ExtenderMetrics:
                              "Unbound pods naming this scheduler (the pods a filter may reserve for)",
                              registry=registry)
         self.evicted = Counter("neuron_scheduler_extender_reservations_evicted_total",
-                               "Reservations dropped because a cap (count or node entries) was reached",
+                               "Reservations a namespace dropped of its own to stay within its share of the caps",
                                registry=registry)
+        self.refused = Counter("neuron_scheduler_extender_reservations_refused_total",
+                               "Passing filters that reserved nothing because the reservation book was full "
+                               "(other namespaces' reservations are never dropped for them)", registry=registry)
         self.unreserved = Counter("neuron_scheduler_extender_unverified_filters_total",
                                   "Passing filters that reserved nothing because the API server does not show the "
                                   "pod unbound and naming this scheduler, by reason", ["reason"], registry=registry)
@@ -74,7 +77,7 @@ class ExtenderService:
         self.pending = pending if pending is not None else PendingPods(client, scheduler_name)
         self.metrics = ExtenderMetrics(registry)
         self._clock = clock
-        self._eviction_logged = -EVICTION_LOG_EVERY
+        self._logged: dict[str, float] = {}
 
     # -- HTTP --------------------------------------------------------------------------------------------------------
     async def handle(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Response:
@@ -109,18 +112,34 @@ class ExtenderService:
             self.metrics.unreserved.labels(reason).inc()
             log.debug("filter reserves nothing", extra=kv(pod=claimed.key, uid=claimed.uid, reason=reason))
             return
+        book = self.decider.reservations
+        refused = book.refused
         evicted = self.decider.reserve(pod, nodes)
-        self.metrics.reserved.set(len(self.decider.reservations))
+        self.metrics.reserved.set(len(book))
         if evicted:
             self.metrics.evicted.inc(evicted)
-            now = self._clock()
-            if now - self._eviction_logged >= EVICTION_LOG_EVERY:
-                self._eviction_logged = now
-                book = self.decider.reservations
-                log.warning("reservation cap reached: oldest reservations evicted",
-                            extra=kv(evicted_total=book.evicted, reservations=len(book),
-                                     max_reservations=book.max_pods, node_entries=book.node_entries,
-                                     max_node_entries=book.max_node_entries))
+            if self._may_log("evicted"):
+                log.warning("reservation cap reached: a namespace at its share dropped its own oldest "
+                            "reservations",
+                            extra=kv(namespace=pod.key.partition("/")[0], evicted_total=book.evicted,
+                                     max_per_namespace=book.max_per_namespace,
+                                     max_namespace_entries=book.max_namespace_entries))
+        if book.refused > refused:
+            self.metrics.refused.inc(book.refused - refused)
+            if self._may_log("refused"):
+                log.warning("reservation cap reached: the book is full, new reservations are refused "
+                            "(the pods pass unreserved)",
+                            extra=kv(pod=pod.key, refused_total=book.refused, reservations=len(book),
+                                     max_reservations=book.max_pods, namespaces=book.namespaces(),
+                                     node_entries=book.node_entries, max_node_entries=book.max_node_entries))
+
+    def _may_log(self, what: str) -> bool:
+        """At most one warning of each kind per EVICTION_LOG_EVERY seconds."""
+        now = self._clock()
+        if now - self._logged.get(what, -EVICTION_LOG_EVERY) < EVICTION_LOG_EVERY:
+            return False
+        self._logged[what] = now
+        return True
 
     def _decide(self, verb: str, body: bytes, reservations: list[Any],
                 query: dict[str, list[str]]) -> tuple[bytes, Any, list[str]]:
