@@ -29,6 +29,27 @@ file lock): :meth:`CheckpointFile.refresh` reads the records another process add
 when the snapshot or the journal file was replaced. An earlier version sharing the files reads filler as the end
 of its records and writes no zero byte into an existing journal; a snapshot it writes has no ``journalBytes``.
 
+Versions. ``version`` (``"v1"``) names the layout: every driver so far refuses any other value, so it changes
+only for a layout no earlier driver could read. Within it, ``formatVersion`` counts what the entries may hold, and
+each driver reads every format up to its own :data:`FORMAT`:
+
+- format 1: the entries of the first drivers;
+- format 2: a request may carry ``adminAccess: true`` (a monitoring claim; drivers from 2026-12-03 on). A
+  format-1 driver refuses such an entry by name (unknown field), so the files say who can read them.
+
+The snapshot carries ``formatVersion`` (the writer's), ``minReaderVersion`` (the oldest format that reads this
+file whole: 1 unless an entry needs more) and ``claimFormats`` (UID -> format, for each entry that needs more than
+format 1). The rules:
+
+- backward: a file without these fields (an earlier driver's) is read as before;
+- forward: a reader ignores snapshot fields it does not know, and refuses a file whose ``minReaderVersion`` is
+  above its own format with one line naming the claims that need the newer driver (:class:`CheckpointError`;
+  prepares are then refused, nothing is written over the file), never a guess;
+- a writer keeps ``minReaderVersion`` as low as the entries allow, and never journals an entry that needs more than
+  the snapshot's ``minReaderVersion``: it writes a snapshot instead, so the snapshot always says what reads it;
+- a new entry field raises :data:`FORMAT` and is written only when set (an entry without it reads as before), so a
+  release one back reads every file that does not use it (``helm rollback``: docs/neuron-dra-driver.md).
+
 Fail closed on a corrupt file for prepare (the caller refuses to guess), stay lenient for unprepare: ``load``
 raises CheckpointError and the caller decides. A boot ID different from the current one means the host rebooted:
 transient state (CDI specs under /var/run) is gone and must be re-created.
@@ -53,6 +74,10 @@ from accel_core.atomic import atomic_write_bytes, atomic_write_text, clean_stale
 from accel_core.hostfiles import HostValueError, read_label
 
 CHECKPOINT_VERSION = "v1"
+#: The newest entry format this code reads and writes (see the module docstring).
+FORMAT = 2
+#: Claims a refusal names, at most (then "and N more").
+_NAMED = 8
 #: Room for a few hundred prepares and unprepares between two snapshots.
 JOURNAL_BYTES = 256 * 1024
 #: The first read of a refresh (usually it finds nothing new: filler, or an earlier journal's record).
@@ -156,8 +181,11 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 class CheckpointFile:
     """The snapshot ``path`` and its journal beside it (``<stem>.journal``), as one durable map of entries."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, entry_format: Callable[[Mapping[str, Any]], int] = lambda entry: 1) -> None:
         self.path = Path(path)
+        #: The format an entry needs (1 for every entry when not given).
+        self.entry_format = entry_format
+        self._min_format = 1  # the snapshot's minReaderVersion: a record needing more writes a snapshot
         self.journal_path = self.path.with_suffix(".journal")
         self.current = Checkpoint()
         self._journal = ""  # the journal ID the snapshot names
@@ -179,7 +207,7 @@ class CheckpointFile:
         wrote a snapshot; it also removes temp files a killed writer left beside them)."""
         clean_stale_temp_files(self.path.parent)
         self.close()
-        self.current, self._journal, size, self._snapshot = self._read_snapshot()
+        self.current, self._journal, size, self._snapshot, self._min_format = self._read_snapshot()
         self._seq, self._offset, self._rewrite = 1, 0, False
         self._zero_is_damage = size is not None
         self.legacy = self._snapshot is not None and size is None
@@ -238,14 +266,15 @@ class CheckpointFile:
                 chunk *= 2  # a record longer than what was read
         return self.current if records else None
 
-    def _read_snapshot(self) -> tuple[Checkpoint, str, int | None, tuple[int, int, int, int] | None]:
-        """The entries, the journal ID, ``journalBytes`` (None from an earlier version) and the file's identity."""
+    def _read_snapshot(self) -> tuple[Checkpoint, str, int | None, tuple[int, int, int, int] | None, int]:
+        """The entries, the journal ID, ``journalBytes`` (None from an earlier version), the file's identity and
+        its ``minReaderVersion`` (1 when not given)."""
         try:
             with open(self.path, "rb") as fh:
                 raw = fh.read()
                 identity = _identity(os.fstat(fh.fileno()))
         except FileNotFoundError:
-            return Checkpoint(), "", None, None
+            return Checkpoint(), "", None, None, 1
         except OSError as exc:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {exc}") from exc
         try:
@@ -264,11 +293,29 @@ class CheckpointFile:
             size = body.get("journalBytes")
             if size is not None and (type(size) is not int or size <= 0):
                 raise CheckpointError(f"checkpoint {self.path}: 'journalBytes' is not a positive integer")
-            return Checkpoint(boot_id=str(body.get("bootId", "")), claims=claims), journal, size, identity
+            least = self._check_format(body, claims)
+            return Checkpoint(boot_id=str(body.get("bootId", "")), claims=claims), journal, size, identity, least
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint {self.path} is malformed: {exc}") from exc
+
+    def _check_format(self, body: Mapping[str, Any], claims: Mapping[str, Any]) -> int:
+        """The file's ``minReaderVersion``; CheckpointError, naming the claims, when this code cannot read it."""
+        least, formats = body.get("minReaderVersion", 1), body.get("claimFormats", {})
+        if type(least) is not int or least < 1:
+            raise CheckpointError(f"checkpoint {self.path}: 'minReaderVersion' is not a positive integer")
+        if not isinstance(formats, dict) or any(type(f) is not int for f in formats.values()):
+            raise CheckpointError(f"checkpoint {self.path}: 'claimFormats' is not an object of integers")
+        if least <= FORMAT:
+            return least
+        newer = sorted(uid for uid, f in formats.items() if f > FORMAT)
+        named = [_describe(uid, claims.get(uid)) for uid in newer[:_NAMED]]
+        more = f" and {len(newer) - _NAMED} more" if len(newer) > _NAMED else ""
+        raise CheckpointError(
+            f"checkpoint {self.path} needs a newer driver (entry format {least}; this driver reads up to {FORMAT}): "
+            f"claims {', '.join(named) or '(none named)'}{more}; prepares are refused and the file is left as it "
+            "is: roll the driver forward again, or unprepare those claims (delete their pods) before a rollback")
 
     def _open_journal(self) -> None:
         """Open the journal for reading and writing (:meth:`load` judges a missing or odd-sized one; one that
@@ -319,8 +366,9 @@ class CheckpointFile:
         """Make a change durable: one journal record, or a new snapshot (``snapshot()``, the whole state after the
         change) when the journal is full or unusable. OSError propagates; the change is then not recorded."""
         delete = list(delete)
-        if self._fd is None or self._rewrite or not self._journal:
-            self.save(snapshot())
+        if self._fd is None or self._rewrite or not self._journal or any(
+                self.entry_format(entry) > self._min_format for entry in put.values()):
+            self.save(snapshot())  # (an entry needing a newer reader than the snapshot names goes in a snapshot)
             return
         line = encode_record(self._journal, self._seq, put, delete)
         if self._offset + len(line) > min(JOURNAL_BYTES, self._size):
@@ -346,14 +394,17 @@ class CheckpointFile:
         if self._fd is None or self._rewrite or not self._filled or self._journal_replaced():
             self._rebuild_journal()
         journal = secrets.token_hex(8)
-        body = _canonical({"version": CHECKPOINT_VERSION, "bootId": checkpoint.boot_id, "journal": journal,
+        formats = {uid: f for uid, entry in checkpoint.claims.items() if (f := self.entry_format(entry)) > 1}
+        least = max(formats.values(), default=1)
+        body = _canonical({"version": CHECKPOINT_VERSION, "formatVersion": FORMAT, "minReaderVersion": least,
+                           "claimFormats": formats, "bootId": checkpoint.boot_id, "journal": journal,
                            "journalBytes": self._size, "claims": checkpoint.claims})
         checksum = hashlib.sha256(body.encode()).hexdigest()
         atomic_write_text(self.path, f'{{"body":{body},"checksum":"{checksum}"}}\n')
         self._snapshot = _identity(os.stat(self.path))
         self.current = Checkpoint(checkpoint.boot_id, dict(checkpoint.claims))
         self._journal, self._seq, self._offset = journal, 1, 0
-        self._zero_is_damage, self.legacy = True, False
+        self._zero_is_damage, self.legacy, self._min_format = True, False, least
 
     def _rebuild_journal(self) -> None:
         """Replace the journal (atomically, durably) with one of JOURNAL_BYTES holding the records of the current
@@ -380,6 +431,13 @@ class CheckpointFile:
                 os.close(self._fd)
         self._fd = None
         self._journal_inode = None
+
+
+def _describe(uid: str, entry: object) -> str:
+    """``namespace/name (uid U)`` of an entry that may be of any shape (cut to a readable length)."""
+    names = entry if isinstance(entry, dict) else {}
+    namespace, name = str(names.get("namespace", "?"))[:64], str(names.get("name", "?"))[:64]
+    return f"{namespace}/{name} (uid {uid[:64]})"
 
 
 def read_boot_id(host_root: Path) -> str:

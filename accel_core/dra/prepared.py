@@ -64,6 +64,15 @@ class _Entry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     requests: tuple[_Request, ...]
 
 
+def entry_format(entry: Mapping[str, Any]) -> int:
+    """The checkpoint format an entry needs (accel_core/dra/checkpoint.py, "Versions"): 2 when a request carries
+    ``adminAccess``, else 1 (what every earlier driver reads)."""
+    requests = entry.get("requests")
+    if isinstance(requests, list | tuple) and any(isinstance(r, dict) and r.get("adminAccess") for r in requests):
+        return 2
+    return 1
+
+
 def _edits_entry(edits: ContainerEdits) -> _Edits:
     return _Edits(tuple(_Node(n.path, n.host_path, n.permissions, n.major, n.minor) for n in edits.device_nodes),
                   tuple(edits.env), tuple(_Mount(m.host_path, m.container_path, m.read_only) for m in edits.mounts))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accel_core.dra.checkpoint import Checkpoint, CheckpointError, CheckpointFile
-from accel_core.dra.prepared import PreparedClaim
+from accel_core.dra.prepared import PreparedClaim, entry_format
 from accel_core.logs import kv
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class LoadResult:
 
 class ClaimStore:
     def __init__(self, path: Path, boot_id: str) -> None:
-        self.file = CheckpointFile(path)
+        self.file = CheckpointFile(path, entry_format)
         self.boot_id = boot_id
         self.error: str | None = None
         self._claims: dict[str, PreparedClaim] = {}
