@@ -18,16 +18,33 @@
 /etc/neuron-scheduler-extender/tls
 {{- end }}
 
-{{/* The chart-made certificates as YAML of base64 values (caCrt, serverCrt, serverKey, clientCrt, clientKey): those
-     the chart's Secrets already hold (helm lookup, so an upgrade keeps them), else a new CA (genCA) and a server and a
-     client certificate signed by it (genSignedCert). Include it ONCE per render: every call without existing Secrets
-     makes a new CA. */}}
+{{/* The annotations on the chart-made Secrets saying when their certificates were made and expire (seconds since
+     the epoch; Helm templates cannot read a certificate's dates). */}}
+{{- define "neuron.scheduler.notBeforeKey" -}}
+neuron.amazonaws.com/tls-not-before
+{{- end }}
+{{- define "neuron.scheduler.notAfterKey" -}}
+neuron.amazonaws.com/tls-not-after
+{{- end }}
+
+{{/* The chart-made certificates as YAML of base64 values (caCrt, serverCrt, serverKey, clientCrt, clientKey) and
+     their validity (notBefore, notAfter: seconds since the epoch): those the chart's Secrets already hold (helm
+     lookup, so an upgrade keeps them) while more than a third of their lifetime is left, else a new CA (genCA) and
+     a server and a client certificate signed by it (genSignedCert). An upgrade thus renews an expired or nearly
+     expired pair, and one whose Secret does not say when it expires (made by an older chart). Include it ONCE per
+     render: every call without usable Secrets makes a new CA. */}}
 {{- define "neuron.scheduler.tlsMaterial" -}}
 {{- $s := .Values.scheduler -}}
 {{- $ns := include "neuron.namespace" (dict "component" $s "root" .) -}}
-{{- $server := (lookup "v1" "Secret" $ns (include "neuron.scheduler.serverSecret" .)).data | default dict -}}
+{{- $serverObj := (lookup "v1" "Secret" $ns (include "neuron.scheduler.serverSecret" .)) | default dict -}}
+{{- $server := $serverObj.data | default dict -}}
 {{- $client := (lookup "v1" "Secret" $ns (include "neuron.scheduler.clientSecret" .)).data | default dict -}}
-{{- $kept := and (get $server "tls.crt") (get $server "tls.key") (get $server "ca.crt") (get $client "tls.crt")
+{{- $notes := (get ($serverObj.metadata | default dict) "annotations") | default dict -}}
+{{- $nb := get $notes (include "neuron.scheduler.notBeforeKey" .) | default "0" | int64 -}}
+{{- $na := get $notes (include "neuron.scheduler.notAfterKey" .) | default "0" | int64 -}}
+{{- $now := now | unixEpoch | int64 -}}
+{{- $fresh := and (gt $na $now) (gt (mul (sub $na $now) 3) (sub $na $nb)) -}}
+{{- $kept := and $fresh (get $server "tls.crt") (get $server "tls.key") (get $server "ca.crt") (get $client "tls.crt")
                (get $client "tls.key") (eq (get $server "ca.crt") (get $client "ca.crt")) -}}
 {{- if $kept -}}
 caCrt: {{ get $server "ca.crt" }}
@@ -35,6 +52,8 @@ serverCrt: {{ get $server "tls.crt" }}
 serverKey: {{ get $server "tls.key" }}
 clientCrt: {{ get $client "tls.crt" }}
 clientKey: {{ get $client "tls.key" }}
+notBefore: {{ $nb | quote }}
+notAfter: {{ $na | quote }}
 {{- else -}}
 {{- $days := int $s.tls.validityDays -}}
 {{- $svc := printf "neuron-scheduler-extender.%s.svc" $ns -}}
@@ -47,5 +66,7 @@ serverCrt: {{ $srv.Cert | b64enc }}
 serverKey: {{ $srv.Key | b64enc }}
 clientCrt: {{ $cli.Cert | b64enc }}
 clientKey: {{ $cli.Key | b64enc }}
+notBefore: {{ $now | quote }}
+notAfter: {{ add $now (mul $days 86400) | quote }}
 {{- end -}}
 {{- end }}
