@@ -5,6 +5,8 @@
 - while the driver serves the node (registered, or restarting within its lease), the plugin advertises nothing
   (its policies ask the same rule), says so with an Event on its Node and with its pod's readiness (``/readyz``
   answers 503 naming the driver), and asks to be woken when the lease runs out;
+- when it serves after the driver, it posts an Event too: on the change, or at its start when the driver has been on
+  the node (its data directory is there), as after a migration rolled back by a node label;
 - when it advertises, devices that running pods hold through the driver's claims (the kubelet's PodResources
   ``dynamic_resources``) are advertised Unhealthy, so nothing can allocate them until those pods end; it re-reads
   PodResources every :data:`HELD_RECHECK_S` seconds while any are held.
@@ -91,12 +93,18 @@ class DraHandover:
             log.warning("advertising nothing", extra=kv(reason=reason))
             if self.events is not None:
                 self.events.post(EVENT_STANDING_DOWN, f"{what} device plugin advertises nothing: {reason}")
-        elif not self._first:
+        elif not self._first or self._dra_was_here():
+            # A device plugin that starts after the driver left (a rolled-back migration re-creates its pod) says so
+            # too: the driver's data directory, with its claim checkpoint, stays on the node after it leaves.
             message = (f"the {what} DRA driver ({self.coexistence.dra_driver}) has left this node; the {what} device "
                        "plugin advertises its devices again")
             log.info(message)
             if self.events is not None:
                 self.events.post(EVENT_SERVING, message)
+
+    def _dra_was_here(self) -> bool:
+        """The DRA driver has served this node before (its directory under the kubelet's plugins directory)."""
+        return (self.paths.plugins_data_dir / self.coexistence.dra_driver).is_dir()
 
     async def aclose(self) -> None:
         await self.client.aclose()
