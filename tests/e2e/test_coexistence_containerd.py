@@ -209,23 +209,34 @@ def test_neuron_device_plugin_and_dra_driver_on_one_trn2(kubelet_node: NodeFacto
 
 def test_efa_device_plugin_and_dra_releases_on_one_p5(kubelet_node: NodeFactory, kube_client: Client,
                                                       control_plane: ControlPlane, helm: Helm, wait: Wait) -> None:
-    """Two EFA releases on one p5.48xlarge (the issue's commands): `efa` with the device plugin, then `efa-dra`
-    with the DRA driver. The device plugin now sees the driver (it had no plugins-registry mount) and stands down;
-    deleting either pod changes nothing; uninstalling `efa-dra` hands the 32 EFAs back within seconds."""
+    """Two EFA releases on one p5.48xlarge (the issue's commands), in both orders: `efa-dra` (DRA driver) first, then
+    `efa` (device plugin), which never advertises beside it (it had no plugins-registry mount before); deleting
+    either pod or upgrading either release changes nothing; uninstalling `efa-dra` hands the 32 EFAs to the device
+    plugin within seconds; installed again (now second), the DRA driver takes them back once the device plugin has
+    drained; uninstalling `efa` leaves the DRA driver's slices alone."""
     p5 = kubelet_node("p5.48xlarge", runtime=CONTAINERD)
     node, flags = p5.name, rig_flags(p5.kubelet)
     efa = "vpc.amazonaws.com/efa"
     dp_ds, dra_ds = "aws-efa-k8s-device-plugin-daemonset", "aws-efa-k8s-device-plugin-dra-driver"
-    helm("upgrade", "--install", "efa", str(EFA_CHART), "-n", "kube-system", *flags)
+    dra_release = ("upgrade", "--install", "efa-dra", str(EFA_CHART), "-n", "kube-system", "--set",
+                   "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", *flags)
+    dp_release = ("upgrade", "--install", "efa", str(EFA_CHART), "-n", "kube-system", *flags)
+
+    def dra_serves() -> bool:
+        return slice_devices(kube_client, node, "efa.aws.com") == P5_EFA and allocatable(kube_client, node, efa) == 0
+
     try:
-        wait(lambda: allocatable(kube_client, node, efa) == P5_EFA, "efa 32 from the device plugin", timeout=180)
         with sampled(control_plane, node, efa, "efa.aws.com") as sides:
-            helm("upgrade", "--install", "efa-dra", str(EFA_CHART), "-n", "kube-system", "--set",
-                 "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", *flags)
-            wait(lambda: slice_devices(kube_client, node, "efa.aws.com") == P5_EFA
-                 and allocatable(kube_client, node, efa) == 0, "the DRA driver serves, the device plugin not",
+            helm(*dra_release)
+            wait(lambda: slice_devices(kube_client, node, "efa.aws.com") == P5_EFA, "32 EFAs in the slices",
                  timeout=180)
-            wait(lambda: ds_row(kube_client, "kube-system", dp_ds)["ready"] == 0, "the device plugin not ready")
+            since = time.monotonic()
+            helm(*dp_release)
+            wait(lambda: (p := ds_pod(kube_client, "kube-system", dp_ds)) is not None and p.status is not None
+                 and p.status.phase == "Running", "the device plugin pod running", timeout=180)
+            wait(lambda: node_events(kube_client, node, "DevicePluginStandingDown"), "a Node event says it stands down")
+            assert sides.plugin_max_since(since) == 0, "the device plugin advertised beside the DRA driver"
+            assert ds_row(kube_client, "kube-system", dp_ds)["ready"] == 0
             for ds in (dp_ds, dra_ds):
                 since = time.monotonic()
                 old = ds_pod(kube_client, "kube-system", ds)
@@ -236,15 +247,31 @@ def test_efa_device_plugin_and_dra_releases_on_one_p5(kubelet_node: NodeFactory,
                      f"a new {ds} pod running", timeout=120)
                 time.sleep(4)
                 assert sides.plugin_max_since(since) == 0, f"the device plugin advertised after deleting {ds}'s pod"
-                wait(lambda: slice_devices(kube_client, node, "efa.aws.com") == P5_EFA, "32 EFAs in the slices")
+                wait(dra_serves, "32 EFAs in the slices, none allocatable from the device plugin")
+            since = time.monotonic()
+            helm(*dp_release, "--set", "logLevel=DEBUG")  # a rolling update of the device plugin
+            wait(lambda: ds_row(kube_client, "kube-system", dp_ds)["up_to_date"] == 1, "the device plugin upgraded")
+            time.sleep(4)
+            assert sides.plugin_max_since(since) == 0 and dra_serves()
+
             t0 = time.monotonic()
             helm("uninstall", "efa-dra", "-n", "kube-system", "--wait", "--timeout", "120s")
             wait(lambda: allocatable(kube_client, node, efa) == P5_EFA, "efa 32 from the device plugin again",
                  timeout=60)
             takeover = time.monotonic() - t0
             assert slice_devices(kube_client, node, "efa.aws.com") == 0
-        print(f"\n[figure] EFA: helm uninstall of efa-dra to device-plugin capacity {takeover:.1f}s")
+            wait(lambda: pod_ready(ds_pod(kube_client, "kube-system", dp_ds)), "the device plugin pod ready")
+
+            t0 = time.monotonic()
+            helm(*dra_release)  # the other order: the device plugin serves, the DRA driver arrives
+            wait(dra_serves, "the DRA driver serves again, the device plugin drained", timeout=120)
+            takeback = time.monotonic() - t0
+            helm("uninstall", "efa", "-n", "kube-system", "--wait", "--timeout", "120s")
+            time.sleep(3)
+            assert slice_devices(kube_client, node, "efa.aws.com") == P5_EFA, "the DRA driver's slices survive"
+        print(f"\n[figure] EFA: helm uninstall of efa-dra to device-plugin capacity {takeover:.1f}s; "
+              f"helm install of efa-dra beside the serving device plugin to DRA serving {takeback:.1f}s")
     finally:
-        with contextlib.suppress(AssertionError):
-            helm("uninstall", "efa-dra", "-n", "kube-system", "--wait", "--timeout", "120s")
-        helm("uninstall", "efa", "-n", "kube-system", "--wait", "--timeout", "120s")
+        for release in ("efa-dra", "efa"):
+            with contextlib.suppress(AssertionError):
+                helm("uninstall", release, "-n", "kube-system", "--wait", "--timeout", "120s")
