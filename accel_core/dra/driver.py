@@ -512,11 +512,12 @@ class DraDriver:
             return out
         try:
             removed = self.store.remove_many([c.uid for c in claims if out[c.uid] is None])
-        except OSError as exc:
-            self.metrics.claim_errors.labels("unprepare").inc(len(claims) - len(failed))
+        except OSError as exc:  # every entry stays; a claim that had none is unprepared all the same
             kept = self._respec(removed_specs)
             error = ClaimError(f"cannot update checkpoint {self.store.path}: {exc}; {kept}, and the kubelet retries")
-            return {uid: result or error for uid, result in out.items()}
+            stayed = [uid for uid, result in out.items() if result is None and self.store.get(uid) is not None]
+            self.metrics.claim_errors.labels("unprepare").inc(len(stayed))
+            return {uid: error if uid in stayed else result for uid, result in out.items()}
         for claim in claims:
             if claim.uid not in removed:
                 log.debug("unprepare of an unknown claim: nothing to do", extra=kv(claim=str(claim)))

@@ -148,6 +148,16 @@ def test_unprepare_with_the_checkpoint_full_keeps_the_claim_prepared_with_its_sp
     rig.consistent()
 
 
+def test_unprepare_with_the_checkpoint_full_fails_only_the_claims_that_stay_prepared(rig: Rig) -> None:
+    ref, unknown = rig.claim("a", 0), ClaimRef("ns", "uid-never-prepared", "b")
+    prepare_one(rig.driver, ref)
+    rig.full(checkpoint=True)
+    hostile = ClaimRef("ns", "x" * 300, "c")
+    out = rig.driver.unprepare_blocking([ref, unknown, hostile])
+    assert isinstance(out[ref.uid], ClaimError) and out[unknown.uid] is None and out[hostile.uid] is None
+    rig.consistent()
+
+
 def test_unprepare_with_both_full_leaves_an_entry_whose_spec_a_prepare_recreates_first(rig: Rig) -> None:
     ref = rig.claim("a", 0)
     devices = prepare_one(rig.driver, ref)
