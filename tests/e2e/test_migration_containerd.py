@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from test_coexistence_containerd import node_events, pod_ready, sampled
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeletnode import CONTAINERD
+from accel_core.podresources import PodResourcesClient
 
 pytestmark = pytest.mark.containerd
 
@@ -82,6 +84,28 @@ def dra_names(view_names: list[str]) -> set[str]:
 def node_events_any(client: Client, node: str) -> list[Event]:
     return [e for e in client.list(Event, namespace="default")
             if e.involvedObject.kind == "Node" and e.involvedObject.name == node]
+
+
+def held_on(node: RealNode) -> dict[str, list[str]]:
+    """What the node's kubelet says each pod holds (PodResources ``List``), as DRA device names: the device plugin's
+    ``aws.amazon.com/neuron`` ID ``i`` (the device index) as ``neuron-device-<i>``, a DRA claim's device as is.
+    Fails if any device is held twice."""
+    client = PodResourcesClient(node.kubelet.layout.kubelet_root / "pod-resources" / "kubelet.sock")
+    try:
+        response = client.list()
+    finally:
+        client.close()
+    out: dict[str, list[str]] = {}
+    for pod in response.pod_resources:
+        names = [f"neuron-device-{i}" for c in pod.containers for d in c.devices if d.resource_name == NEURON
+                 for i in d.device_ids]
+        names += [r.device_name for c in pod.containers for dyn in c.dynamic_resources for r in dyn.claim_resources
+                  if r.driver_name == DRIVER]
+        if names:
+            out[pod.name] = sorted(names)
+    every = [n for names in out.values() for n in names]
+    assert len(every) == len(set(every)), f"a device held twice on {node.name}: {out}"
+    return out
 
 
 def unchanged_neuron_4_pod(name: str, node: str) -> dict[str, Any]:
@@ -146,6 +170,7 @@ def test_neuron_node_by_node_migration_and_rollback(kubelet_node: NodeFactory, k
             assert ds_row(kube_client, DP_NS, DP_DS)["desired"] == 1
             assert allocatable(kube_client, node1, NEURON) == TRN2_DEVICES and slice_names(kube_client, node1) == []
             assert running(kube_client, namespace, "a") and running(kube_client, namespace, "b")
+            assert held_on(n2) == {"a": sorted(a_devices)}, "PodResources of node 2 disagree with A's container"
 
             # 4. An unchanged neuron: 4 pod lands on node 2 through DRA (the scheduler's extended-resource claim),
             # on devices A does not hold.
@@ -158,6 +183,7 @@ def test_neuron_node_by_node_migration_and_rollback(kubelet_node: NodeFactory, k
                 c_pod["status"]
             c_devices = dra_names(container_view(n2.kubelet, namespace, "c", wait).names("neuron"))
             assert len(c_devices) == 4 and not c_devices & a_devices, (sorted(c_devices), sorted(a_devices))
+            assert held_on(n2) == {"a": sorted(a_devices), "c": sorted(c_devices)}
 
             # 5. A ends: its devices go back into node 2's slices within seconds.
             t1 = time.monotonic()
@@ -168,7 +194,7 @@ def test_neuron_node_by_node_migration_and_rollback(kubelet_node: NodeFactory, k
 
             # 6. Rollback: the label removed, the DRA driver leaves (and takes its slices), the device plugin serves
             # node 2 again, without C's 4 devices (held by C's DRA claim: advertised unhealthy).
-            t2 = time.monotonic()
+            t2, unlabelled = time.monotonic(), datetime.now(UTC) - timedelta(seconds=1)
             set_driver_label(kube_client, node2, None)
             wait(lambda: allocatable(kube_client, node2, NEURON) == TRN2_DEVICES - 4
                  and slice_names(kube_client, node2) == [], "node 2 back on the device plugin: neuron 12, no slices",
@@ -177,13 +203,15 @@ def test_neuron_node_by_node_migration_and_rollback(kubelet_node: NodeFactory, k
             wait(lambda: not ds_pods_on(kube_client, DRA_NS, DRA_DS, node2), "no DRA driver pod on node 2")
             assert ds_row(kube_client, DRA_NS, DRA_DS)["desired"] == 0
             try:
-                wait(lambda: node_events(kube_client, node2, "DevicePluginServing"), "a Node event: the plugin serves")
+                wait(lambda: [e for e in node_events(kube_client, node2, "DevicePluginServing")
+                              if e.firstTimestamp is not None and e.firstTimestamp >= unlabelled],
+                     "a Node event: the plugin serves")
             except TimeoutError as exc:
                 dp = ds_pods_on(kube_client, DP_NS, DP_DS, node2)
                 log = n2.kubelet.pod_log(DP_NS, dp[0].metadata.name, dp[0].spec.containers[0].name) if dp else ""
                 seen = [(e.reason, e.message) for e in node_events_any(kube_client, node2)]
                 raise AssertionError(f"{exc}; node 2 events: {seen}; its device plugin's log:\n{log}") from exc
-            assert running(kube_client, namespace, "c")
+            assert running(kube_client, namespace, "c") and held_on(n2) == {"c": sorted(c_devices)}
 
             # Cleanup as the runbook has it: C's claim can be unprepared only through its driver, so node 2 goes back
             # to DRA before C is deleted.
