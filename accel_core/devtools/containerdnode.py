@@ -11,7 +11,10 @@ changes and several nodes run side by side:
   host's device nodes are created with the major:minor of its sysfs ``dev`` files;
 - the fake host tree (``<node>/host``) also at :data:`FAKE_HOST_IN_NODE`, the same path on every node, so one
   ``fakeHost.path`` serves a whole cluster;
-- network: loopback up, the node's address and the ``kubernetes`` Service's ClusterIP on ``lo``; a forwarder
+- network: loopback up, the node's address, the ``kubernetes`` Service's ClusterIP and the cluster DNS address
+  (:data:`~accel_core.devtools.clusterdns.DNS_IP`) on ``lo``, the whole Service range routed to ``lo`` as local
+  (any ClusterIP can be bound there); :mod:`accel_core.devtools.nodeservices` answers DNS and forwards every
+  Service's ClusterIP ports to its ready endpoints (on this node or another); a forwarder
   (:mod:`accel_core.devtools.netnsproxy`) carries the ClusterIP and the API server's own address to the machine's
   loopback, another one serves the kubelet's port on the node's own machine-loopback address (127.0.0.N, see
   :mod:`accel_core.devtools.noderoutes`); pods get a veth pair between their namespace and the node's
@@ -42,8 +45,9 @@ from pathlib import Path
 
 import psutil
 
+from accel_core.devtools.clusterdns import DNS_IP
 from accel_core.devtools.controlplane_errors import ControlPlaneError
-from accel_core.devtools.controlplane_pki import SERVICE_IP
+from accel_core.devtools.controlplane_pki import SERVICE_CIDR, SERVICE_IP
 from accel_core.devtools.controlplane_processes import (
     process_start_ticks,
     spawn_logged,
@@ -65,6 +69,17 @@ FAKE_HOST_IN_NODE = "/var/lib/accel-fake-host"
 #: The misc-class major of ``/dev/infiniband/rdma_cm`` (its minor is dynamic on real hosts; any is fine here).
 RDMA_CM_DEV = "10:58"
 CNI_PLUGIN = repo_root() / "tools" / "cni" / "accel-veth"
+
+
+@dataclass(frozen=True)
+class ServiceAccess:
+    """How a node's :mod:`~accel_core.devtools.nodeservices` lists Services: the API server and a client
+    certificate (``system:kube-proxy``)."""
+
+    server: str
+    ca: Path
+    cert: Path
+    key: Path
 
 
 @dataclass(frozen=True)
@@ -192,12 +207,14 @@ class ContainerdRuntime:
     HOLDER = "netns-holder"
     PROXY = "api-forwarder"
     KUBELET_PROXY = "kubelet-forwarder"
+    SERVICES = "node-services"
     CONTAINERD = "containerd"
 
     def __init__(self, name: str, node_dir: Path, *, api_port: int, bins: RuntimeBinaries, detach: bool,
                  sysctl_binds: Iterable[tuple[Path, str]], host_root: Path, slot: int = 0, kubelet_port: int = 0,
-                 routes_dir: Path | None = None) -> None:
+                 routes_dir: Path | None = None, services: ServiceAccess | None = None) -> None:
         self.name = name
+        self.services = services
         self.dir = node_dir
         self.api_port = api_port
         self.slot = slot
@@ -252,6 +269,7 @@ class ContainerdRuntime:
         self._make_device_nodes()
         self._start_proxy()
         self._start_kubelet_proxy()
+        self._start_services()
         self._start_containerd()
         self._import_images()
 
@@ -270,6 +288,8 @@ class ContainerdRuntime:
             "ip link set lo up",
             f"ip addr add {self.ip}/32 dev lo",
             f"ip addr add {SERVICE_IP}/32 dev lo",
+            f"ip addr add {DNS_IP}/32 dev lo",
+            f"ip route add local {SERVICE_CIDR} dev lo",
             f"mount --bind {q(str(d / 'var-lib'))} /var/lib",
             f"mount --bind {q(str(self.host_root))} {q(FAKE_HOST_IN_NODE)}",
             f"mount --bind {q(str(d / 'var-log'))} /var/log",
@@ -335,6 +355,19 @@ class ContainerdRuntime:
             save_route(self.routes_dir, NodeRoute(self.name, self.slot, self.ip, self.kubelet_port, self.holder_pid,
                                                   -1 if ticks is None else ticks))
 
+    def _start_services(self) -> None:
+        """Cluster DNS and the Services' ClusterIPs in the node (needs the route files of the nodes)."""
+        if self.services is None or self.routes_dir is None:
+            return
+        s = self.services
+        self._spawn(self.SERVICES, [sys.executable, "-m", "accel_core.devtools.nodeservices",
+                                    f"--netns=/proc/{self.holder_pid}/ns/net", f"--holder={self.holder_pid}",
+                                    f"--routes={self.routes_dir}", f"--server={s.server}", f"--ca={s.ca}",
+                                    f"--cert={s.cert}", f"--key={s.key}"])
+        log = self.log(self.SERVICES)
+        self._wait(lambda: "nodeservices: DNS on" in tail_file(log, 50), self.procs[self.SERVICES], self.SERVICES,
+                   30)
+
     def _start_containerd(self) -> None:
         self.socket.unlink(missing_ok=True)
         path = f"{self.bins.bin}:{self.bins.runc.parent}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
@@ -367,7 +400,7 @@ class ContainerdRuntime:
         """Every container killed and deleted (their cgroups go with them), then containerd, the shims, the
         forwarder and the holder: the namespaces and their mounts die with the last process."""
         stop_namespace(self.dir, self.bins, holder=self.procs.get(self.HOLDER), timeout=timeout)
-        for name in (self.CONTAINERD, self.KUBELET_PROXY, self.PROXY, self.HOLDER):
+        for name in (self.CONTAINERD, self.SERVICES, self.KUBELET_PROXY, self.PROXY, self.HOLDER):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -418,10 +451,11 @@ def stop_namespace(node_dir: Path, bins: RuntimeBinaries, *, holder: subprocess.
             with contextlib.suppress(psutil.Error):
                 stopped.append(f"{p.name()}/{p.pid}")
         terminate_processes(inside, timeout)
-    # the forwarder exits by itself once the holder is gone; the holder last
+    # the forwarders and node services exit by themselves once the holder is gone; the holder last
+    ours = ("accel_core.devtools.netnsproxy", "accel_core.devtools.nodeservices")
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if holder_pid is not None and "accel_core.devtools.netnsproxy" in cmd and f"--holder={holder_pid}" in cmd:
+        if holder_pid is not None and any(m in cmd for m in ours) and f"--holder={holder_pid}" in cmd:
             terminate_processes([p], timeout)
     if holder_pid is not None:
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -42,7 +42,14 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from accel_core.devtools.containerdnode import FAKE_HOST_IN_NODE, ContainerdRuntime, RuntimeBinaries, stop_namespace
+from accel_core.devtools.clusterdns import CLUSTER_DOMAIN, DNS_IP
+from accel_core.devtools.containerdnode import (
+    FAKE_HOST_IN_NODE,
+    ContainerdRuntime,
+    RuntimeBinaries,
+    ServiceAccess,
+    stop_namespace,
+)
 from accel_core.devtools.controlplane import AdminApi
 from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
 from accel_core.devtools.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
@@ -539,6 +546,10 @@ class KubeletNode:
                               days=self._cert_days)
         write_kubeconfig(self.layout.kubeconfig, self.server, self.pki.ca_cert, f"system:node:{self.name}",
                          {"client-certificate": str(cert), "client-key": str(key)})
+        if self.runtime == CONTAINERD and not (self.layout.pki_dir / "kube-proxy.key").is_file():
+            # the node's Services view (nodeservices) reads as kube-proxy does: the default RBAC's node-proxier
+            issue_client_cert(self.pki, self.layout.pki_dir, "kube-proxy", "/CN=system:kube-proxy",
+                              days=self._cert_days)
 
     def _write_sysctl_files(self) -> None:
         for entry in KUBELET_SYSCTLS:
@@ -584,6 +595,9 @@ class KubeletNode:
             # Report a changed status (allocatable after a device plugin registers) within 2 s, not 10 s.
             "nodeStatusUpdateFrequency": "2s",
             "resolvConf": "",
+            # Pods' resolv.conf: the node's cluster DNS (nodeservices; containerd nodes only, fakecri pods have no
+            # network) and the search domains of the cluster domain.
+            **({"clusterDNS": [DNS_IP], "clusterDomain": CLUSTER_DOMAIN} if self.runtime == CONTAINERD else {}),
             "featureGates": dict(sorted(self._feature_gates.items())),
         }
         self.layout.config.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -637,7 +651,10 @@ class KubeletNode:
         self._containerd = ContainerdRuntime(self.name, self.layout.dir, api_port=api_port,
                                              bins=RuntimeBinaries.default(), detach=self._detach,
                                              sysctl_binds=sysctls, host_root=self.layout.host_root,
-                                             slot=self.slot, kubelet_port=self.ports[0], routes_dir=self.routes_dir)
+                                             slot=self.slot, kubelet_port=self.ports[0], routes_dir=self.routes_dir,
+                                             services=ServiceAccess(self.server, self.pki.ca_cert,
+                                                                    self.layout.pki_dir / "kube-proxy.crt",
+                                                                    self.layout.pki_dir / "kube-proxy.key"))
         try:
             self._containerd.start()
         finally:

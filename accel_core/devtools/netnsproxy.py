@@ -72,6 +72,29 @@ def socket_in(netns: str) -> socket.socket:
     return sock
 
 
+def udp_socket_in(netns: str, address: tuple[str, int]) -> socket.socket:
+    """A UDP socket bound to ``address`` inside the network namespace ``netns``; the caller's namespace is
+    restored."""
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(netns, os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                sock.bind(address)
+            except OSError:
+                sock.close()
+                raise
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+        os.close(target)
+    sock.setblocking(False)
+    return sock
+
+
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(1 << 16):
@@ -84,7 +107,7 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
             writer.close()
 
 
-async def _connect_in(netns: str, target: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def connect_in(netns: str, target: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     sock = socket_in(netns)
     try:
         await asyncio.get_running_loop().sock_connect(sock, target)
@@ -98,7 +121,7 @@ async def _serve(listeners: list[socket.socket], target: tuple[str, int], holder
                  into: str | None = None) -> None:
     async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await (_connect_in(into, target) if into else asyncio.open_connection(*target))
+            up_reader, up_writer = await (connect_in(into, target) if into else asyncio.open_connection(*target))
         except OSError:
             writer.close()
             return
