@@ -10,7 +10,8 @@ A profile says:
   subsystems and the coexistence guard (publish and prepare nothing while the device plugin runs) from it;
 - ``scan(paths, dra_version)``: the scanner's scan as the driver publishes it (called off the event loop): a
   :class:`Scan` with the inventory, the devices to publish (attributes and capacity, no taints), each device's
-  health, and the labels and annotations the driver keeps on its own Node;
+  health, the labels and annotations the driver keeps on its own Node, and the Node labels its devices carry as
+  attributes;
 - ``default_config`` and ``decode_config(parameters, where)``: the strict decoder of one opaque config, to a frozen
   dataclass whose unset fields are None;
 - ``container_edits(inventory, request, devices, config)``: what the containers of one request get; raises
@@ -58,6 +59,9 @@ class Scan(Generic[InventoryT]):
     """Annotations the driver keeps on its own Node, the same way."""
     counters: tuple[CounterSet, ...] = ()
     """Counters the devices share (a device that consumes them all excludes the others)."""
+    node_label_attributes: Mapping[str, str] = field(default_factory=dict)
+    """Node label -> attribute added to every published device while the driver's Node has that label
+    (:mod:`accel_core.dra.nodelabels`; ``AWS_TOPOLOGY_LABELS`` for AWS's topology and Capacity Block labels)."""
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
+from accel_core.dra.nodelabels import NODE_LABELS_WAIT_S, NodeLabelWatch, with_attributes
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile, Scan
@@ -163,6 +164,7 @@ class DraService:
                                          min_write_interval=min_slice_write_interval, on_listed=self._seed_taints)
                           if client is not None else None)
         self.own_node = OwnNode(client, node_name)
+        self.node_labels: NodeLabelWatch | None = None  #: Node labels -> device attributes (once scanned)
         self.liveness = LivenessServer(self.check_liveness, healthcheck_port) if healthcheck_port >= 0 else None
         self.ready = asyncio.Event()
         self.poller = FilePoller()  #: the profile's health files, re-watched after every scan
@@ -228,6 +230,7 @@ class DraService:
         if self.publisher is None:
             return
         devices = self.taints.apply([d for d in self.scan.devices if d.name not in self.held], self.scan.health)
+        devices = with_attributes(devices, self.node_labels.attributes if self.node_labels is not None else {})
         try:
             self.publisher.set_devices(devices, self.scan.counters if devices else ())
         except SliceValidationError as exc:
@@ -254,6 +257,9 @@ class DraService:
 
     async def _run(self, stop: asyncio.Event) -> None:
         await self.rescan()
+        if self.client is not None and self.scan.node_label_attributes:
+            self.node_labels = NodeLabelWatch(self.client, self.node_name, self.scan.node_label_attributes,
+                                              self._hand_over)
         if self.scan.devices:
             log.info("devices found", extra=kv(driver=self.driver_name, node=self.node_name,
                                                devices=len(self.scan.devices), **self.scan.summary))
@@ -279,6 +285,8 @@ class DraService:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
         if self.client is not None and (self.scan.node_labels or self.scan.node_annotations):
             tasks.append(asyncio.create_task(self.own_node.run(stop)))
+        if self.node_labels is not None:
+            tasks.append(asyncio.create_task(self.node_labels.run(stop)))
         if self.status is not None:
             tasks.append(asyncio.create_task(self.status.run(stop)))
         if self.reporter is not None:
@@ -313,6 +321,8 @@ class DraService:
                             extra=kv(driver=self.driver_name, waited_seconds=self.registration_wait))
         if self._sharing_logged and await self._wait_device_plugin_drained(stop):
             return
+        if self.node_labels is not None:  # publish with the label attributes, not once without, once with
+            await wake(stop, self.node_labels.read, timeout=NODE_LABELS_WAIT_S)
         await self.publisher.run(stop)
 
     async def _wait_device_plugin_drained(self, stop: asyncio.Event) -> bool:

@@ -5,7 +5,9 @@
 - attributes (unqualified names are the driver's domain, CEL ``device.attributes['efa.aws.com'].rdmaDevice``):
   ``pciAddress``, ``rdmaDevice`` (ibdev), ``uverbs``, ``numaNode`` (when known), ``instanceType``, ``linkLayer``,
   ``portState``, ``firmwareVersion`` (when sysfs has it), ``draDriverVersion``, plus
-  ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID``, and on the instance types the AWS
+  ``resource.kubernetes.io/pcieRoot``, ``resource.kubernetes.io/pciBusID`` and ``resource.kubernetes.io/numaNode``
+  (int, none for ``numa_node`` -1), ``networkNodeLayer1..3`` and ``capacityBlockId`` from the Node's labels
+  (:mod:`accel_core.dra.nodelabels`), and on the instance types the AWS
   Neuron-to-EFA tables cover, ``resource.aws.com/devicegroup{1,4,8,16}_id``: the ids of the Neuron device(s) the
   EFA serves, the same values the Neuron driver publishes (:mod:`accel_core.awsfacts.neuron_efa`);
 - host side: the EFA host scanner the device plugin uses too (:mod:`efa_plugin.scanner`): the one health rule, a
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
 from accel_core.dra.config import decode_struct
 from accel_core.dra.devices import AttributeValue, SliceDevice, Version
+from accel_core.dra.nodelabels import AWS_TOPOLOGY_LABELS
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
@@ -41,6 +44,7 @@ API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "EfaConfig"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ def device_attributes(inv: EfaInventory, dev: EfaDevice, dra_version: str) -> di
     optional: dict[str, AttributeValue | None] = {
         "numaNode": dev.numa_node, "instanceType": inv.instance_type, "linkLayer": dev.link_layer,
         "portState": dev.port_state, "firmwareVersion": dev.firmware_version, PCIE_ROOT: dev.pcie_root,
+        NUMA_NODE: dev.numa_node,
     }
     attrs.update((k, v[:64] if isinstance(v, str) else v) for k, v in optional.items() if v not in (None, ""))
     if dev.pci_address:
@@ -83,7 +88,7 @@ class EfaProfile:
         self._rdma_cm = os.path.exists(paths.host(RDMA_CM))
         devices = tuple(SliceDevice(device_name(d), device_attributes(inv, d, dra_version)) for d in inv.devices)
         health = {device_name(d): host.health[d.id] for d in inv.devices}
-        return Scan(inv, devices, health, host.problems, host.summary)
+        return Scan(inv, devices, health, host.problems, host.summary, node_label_attributes=AWS_TOPOLOGY_LABELS)
 
     def decode_config(self, parameters: object, where: str) -> EfaConfig:
         decode_struct(parameters, where, (EfaParams,))

@@ -9,7 +9,10 @@ driver's domain (CEL ``device.attributes['neuron.aws.com'].deviceId``):
   ``topology8_id`` (two-row id, ``i // 8``);
 - on EFA-enabled instance types: ``resource.aws.com/devicegroup{1,4,8,16}_id``
   (see :mod:`accel_core.awsfacts.neuron_efa`);
-- ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID`` when the PCI function is known.
+- ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/pciBusID`` when the PCI function is known, and
+  ``resource.kubernetes.io/numaNode`` (int) when sysfs gives a NUMA node (none for ``numa_node`` -1);
+- from the Node's labels, added by the core (:mod:`accel_core.dra.nodelabels`, :data:`NODE_LABEL_ATTRIBUTES`):
+  ``networkNodeLayer1..3`` and ``capacityBlockId``.
 
 No capacity: AWS's attribute reference names none, and a per-device capacity costs kube-scheduler CPU on every
 candidate device of every pod (docs/benchmarks.md, "Fleet scale").
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
 from accel_core.dra.devices import AttributeValue, SliceDevice, Version
+from accel_core.dra.nodelabels import AWS_TOPOLOGY_LABELS
 from accel_core.dra.profile import unhealthy_taint_key
 from accel_core.hostfiles import parse_index
 from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
@@ -29,6 +33,9 @@ RESOURCE_TYPE = "neuron_device"
 UNHEALTHY_TAINT_KEY = unhealthy_taint_key(DRA_DRIVER_NAME)
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+#: Node labels the devices carry as attributes (the profile's ``Scan.node_label_attributes``).
+NODE_LABEL_ATTRIBUTES = AWS_TOPOLOGY_LABELS
 
 
 def device_name(index: int) -> str:
@@ -54,6 +61,7 @@ def device_attributes(inv: NeuronInventory, dev: NeuronDevice, dra_version: str)
         attrs["deviceName"] = dev.device_name
     if dev.numa_node is not None and dev.numa_node >= 0:
         attrs["numaNode"] = dev.numa_node
+        attrs[NUMA_NODE] = dev.numa_node
     topo = inv.topology
     if topo.kind == "torus4x4" and 0 <= dev.index < topo.device_count:
         x, y = topo.coordinates(dev.index)

@@ -31,7 +31,7 @@ from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra import ultraserver as us_dra
-from neuron_dra.dra.attributes import device_index, device_name, slice_devices
+from neuron_dra.dra.attributes import NODE_LABEL_ATTRIBUTES, device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.edits import CoreNumbering, device_node, format_core_list, runtime_env
 from neuron_dra.scanner import NeuronScanner
@@ -66,7 +66,7 @@ class NeuronProfile:
                 health[us_dra.NODE_DEVICE] = sick
             summary = {**summary, "ultraserver": ids.server_id_4, "ultraserver_node": ids.node_id_4}
         return Scan(inv, tuple(devices), health, host.problems, summary, counters=counters,
-                    node_labels=us_facts.node_labels(ids))
+                    node_labels=us_facts.node_labels(ids), node_label_attributes=NODE_LABEL_ATTRIBUTES)
 
     def decode_config(self, parameters: object, where: str) -> NeuronConfig:
         return decode_parameters(parameters, where)
