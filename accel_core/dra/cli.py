@@ -1,7 +1,9 @@
-"""The command line every DRA driver shares: ``serve``, ``slices`` and ``remove-slices``.
+"""The command line every DRA driver shares: ``serve``, ``slices``, ``webhook`` and ``remove-slices``.
 
 - ``serve``: run the driver (kubelet sockets, ResourceSlices, health, liveness probe, metrics);
 - ``slices``: print the ResourceSlice objects ``serve`` would publish for a host tree, without an API server;
+- ``webhook``: serve the validating admission webhook that refuses a claim or claim template whose opaque config
+  for this driver does not decode (:mod:`accel_core.dra.admission`);
 - ``remove-slices``: delete this driver's ResourceSlices for a node (for uninstall and tests).
 
 Environment (the upstream charts' names): NODE_NAME, POD_UID, CDI_ROOT, KUBELET_REGISTRAR_DIRECTORY_PATH,
@@ -37,9 +39,11 @@ from accel_core.cli import (
     add_common_flags,
     add_logging_flags,
     choice,
+    ip_address,
     node_name,
     not_a_directory,
     object_name,
+    port,
     port_or_disabled,
     safe_stdout,
     seconds,
@@ -62,6 +66,8 @@ from accel_core.dra.service import (
     dra_driver_version,
 )
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER
+from accel_core.dra.webhookserver import TlsFileError, WebhookServer
+from accel_core.dra.webhookserver import server_context as webhook_tls
 from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.kubeconfig import setting as kubeconfig_setting
@@ -80,6 +86,9 @@ from accel_core.paths import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The webhook's HTTPS port in the pod (the chart's Service maps 443 to it).
+WEBHOOK_PORT = 8443
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,21 @@ class DriverCli:
         for flag in self.flags:
             flag.add_to(slices)
 
+        hook = sub.add_parser("webhook", help="serve the validating admission webhook that checks this driver's "
+                                             "opaque configs in ResourceClaims and ResourceClaimTemplates (HTTPS)")
+        hook.add_env_argument("--port", env="WEBHOOK_PORT", type=port, default=WEBHOOK_PORT,
+                              help=f"HTTPS port (env WEBHOOK_PORT; default {WEBHOOK_PORT})")
+        hook.add_env_argument("--address", env="WEBHOOK_ADDRESS", type=ip_address, default="0.0.0.0",
+                              help="address to listen on (env WEBHOOK_ADDRESS; default all)")
+        hook.add_env_argument("--tls-cert-file", env="TLS_CERT_FILE", type=Path, default=None,
+                              help="server certificate (PEM) the API server checks against the webhook's caBundle "
+                                   "(env TLS_CERT_FILE; required)")
+        hook.add_env_argument("--tls-key-file", env="TLS_KEY_FILE", type=Path, default=None,
+                              help="the certificate's private key (PEM; env TLS_KEY_FILE; required)")
+        add_logging_flags(hook)
+        for flag in self.flags:
+            flag.add_to(hook)
+
         remove = sub.add_parser("remove-slices", help="delete this driver's ResourceSlices for a node")
         _node_flag(remove)
         remove.add_argument("--kubeconfig", default=None)
@@ -179,6 +203,8 @@ class DriverCli:
 
     def main(self, argv: Sequence[str] | None = None) -> int:
         args = self.parser().parse_args(argv)
+        if args.command == "webhook":
+            return self._webhook(args)
         if not args.node_name:
             print(f"{self.prog}: --node-name (or env NODE_NAME) is required", file=sys.stderr)
             return 2
@@ -271,6 +297,23 @@ class DriverCli:
                     claim_get.close()
 
         return run_daemon(main, self.prog, serves_grpc=True)
+
+    def _webhook(self, args: argparse.Namespace) -> int:
+        setup_logging(args.log_level, args.log_format)
+        missing = [flag for flag, value in (("--tls-cert-file", args.tls_cert_file),
+                                            ("--tls-key-file", args.tls_key_file)) if value is None]
+        if missing:
+            print(f"{self.prog} webhook: error: {' and '.join(missing)} required: the API server calls admission "
+                  "webhooks over HTTPS only", file=sys.stderr)
+            return 2
+        try:
+            context = webhook_tls(args.tls_cert_file, args.tls_key_file)
+        except TlsFileError as exc:
+            print(f"{self.prog} webhook: error: {exc}", file=sys.stderr)
+            return 2
+        profile = self.make_profile(args)
+        server = WebhookServer(profile.driver_name, profile.decode_config, args.address, args.port, context)
+        return run_daemon(server.run, self.prog)
 
     def _remove(self, args: argparse.Namespace) -> int:
         setup_logging(args.log_level, args.log_format)
