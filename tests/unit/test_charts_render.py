@@ -44,7 +44,7 @@ NAMESPACED = {"DaemonSet", "ServiceAccount", "Service", "ConfigMap", "ServiceMon
 #: node's slices (accel_core/dra/claims.py and publisher.py). Nothing more may be granted.
 BASE_DRA_DRIVER_RULES = {
     (("resource.k8s.io",), ("resourceclaims",), ()): {"get"},
-    (("",), ("nodes",), ()): {"get"},
+    (("",), ("nodes",), ()): {"get", "watch"},  # watch: its own Node's topology labels
     (("resource.k8s.io",), ("resourceslices",), ()): {"list", "watch", "create", "update", "delete"},
     (("events.k8s.io",), ("events",), ()): {"create", "patch"},  # accel_core/dra/reporter.py: claim problems
 }
@@ -60,7 +60,7 @@ def device_status_rules(driver: str) -> dict[tuple[tuple[str, ...], ...], set[st
 
 DRA_DRIVER_RULES = {**BASE_DRA_DRIVER_RULES, **device_status_rules("efa.aws.com")}
 #: The Neuron DRA driver also patches its own Node (the UltraServer labels; own-node-policy.yaml limits it).
-NEURON_DRA_DRIVER_RULES = {**BASE_DRA_DRIVER_RULES, (("",), ("nodes",), ()): {"get", "patch"},
+NEURON_DRA_DRIVER_RULES = {**BASE_DRA_DRIVER_RULES, (("",), ("nodes",), ()): {"get", "watch", "patch"},
                            **device_status_rules("neuron.aws.com")}
 EFA_DRA_DS = "aws-efa-k8s-device-plugin-dra-driver"
 EFA_DRA_ON = ["--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true"]

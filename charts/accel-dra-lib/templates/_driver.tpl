@@ -72,7 +72,8 @@ rules:
     resourceNames: [{{ .d.driverName | quote }}]
     verbs: ["associated-node:patch"]
   {{- end }}
-  # The slices' owner reference points at the driver's Node (a driver that labels its Node also patches it).
+  # The slices' owner reference points at the driver's Node (a driver that labels its Node also patches it); watch:
+  # the driver follows its own Node's topology labels (fieldSelector metadata.name; RBAC cannot name a per-node name).
   - apiGroups: [""]
     resources: ["nodes"]
     verbs: {{ toJson .d.nodeVerbs }}
