@@ -180,6 +180,14 @@ class DriverCli:
         for flag in self.flags:
             flag.add_to(slices)
 
+        handoff = sub.add_parser("handoff", help="delete the driver's DaemonSet in the foreground and wait (the "
+                                 "charts' pre-delete hook: each driver leaves its node with its RBAC intact)")
+        handoff.add_argument("--namespace", required=True, type=object_name)
+        handoff.add_argument("--daemonset", required=True, type=object_name)
+        handoff.add_argument("--timeout", type=seconds, default=120.0)
+        handoff.add_argument("--kubeconfig", default=None)
+        add_logging_flags(handoff)
+
         hook = sub.add_parser("webhook", help="serve the validating admission webhook that checks this driver's "
                                              "opaque configs in ResourceClaims and ResourceClaimTemplates (HTTPS)")
         hook.add_env_argument("--port", env="WEBHOOK_PORT", type=port, default=WEBHOOK_PORT,
@@ -205,6 +213,11 @@ class DriverCli:
         args = self.parser().parse_args(argv)
         if args.command == "webhook":
             return self._webhook(args)
+        if args.command == "handoff":
+            from accel_core.dra.handoff import handoff
+
+            setup_logging(args.log_level, args.log_format)
+            return handoff(args.namespace, args.daemonset, timeout=args.timeout, kubeconfig=args.kubeconfig)
         if not args.node_name:
             print(f"{self.prog}: --node-name (or env NODE_NAME) is required", file=sys.stderr)
             return 2

@@ -68,6 +68,11 @@ def test_seed_dra_install_objects(helm: Path) -> None:
         # it reads that one DaemonSet at shutdown: uninstalled (leave the node to the device plugin) or restarting?
         ("Role", ns, "neuron-dra-driver-kubelet-plugin-own-daemonset"),
         ("RoleBinding", ns, "neuron-dra-driver-kubelet-plugin-own-daemonset"),
+        # the pre-delete hook: deletes the DaemonSet first so each driver leaves its node cleanly on uninstall
+        ("ServiceAccount", ns, "neuron-dra-driver-kubelet-plugin-handoff"),
+        ("Role", ns, "neuron-dra-driver-kubelet-plugin-handoff"),
+        ("RoleBinding", ns, "neuron-dra-driver-kubelet-plugin-handoff"),
+        ("Job", ns, "neuron-dra-driver-kubelet-plugin-handoff"),
         ("DeviceClass", None, "neuron.aws.com"),
         ("ValidatingAdmissionPolicy", None, "neuron-dra-driver-resourceslices"),
         ("ValidatingAdmissionPolicyBinding", None, "neuron-dra-driver-resourceslices"),
@@ -186,5 +191,7 @@ def test_a_new_driver_is_a_block_and_one_include(helm: Path, tmp_path: Path) -> 
         ("ValidatingAdmissionPolicyBinding", None, "widget-dra-slices"), ("DeviceClass", None, "widget.example.com"),
         ("Service", "widgets", "widget-dra-metrics"), ("DaemonSet", "widgets", "widget-dra"),
         ("Role", "widgets", "widget-dra-own-daemonset"), ("RoleBinding", "widgets", "widget-dra-own-daemonset"),
+        ("ServiceAccount", "widgets", "widget-dra-handoff"), ("Role", "widgets", "widget-dra-handoff"),
+        ("RoleBinding", "widgets", "widget-dra-handoff"), ("Job", "widgets", "widget-dra-handoff"),
     }
     assert container(r.get("DaemonSet", "widget-dra"))["command"] == ["widget-dra-driver", "serve"]

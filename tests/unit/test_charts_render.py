@@ -782,7 +782,7 @@ def test_noexecute_hold_reaches_the_driver_and_bad_values_are_refused(
 #: Kinds Kubernetes keeps outside namespaces, and the namespaced kinds the charts render; a kind in neither fails.
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
                   "ValidatingAdmissionPolicyBinding", "PriorityClass"}
-NAMESPACED_KINDS = NAMESPACED | {"Deployment", "Role", "RoleBinding", "Secret", "NetworkPolicy"}
+NAMESPACED_KINDS = NAMESPACED | {"Deployment", "Role", "RoleBinding", "Secret", "NetworkPolicy", "Job"}
 #: RFC 1123 subdomain, as Kubernetes validates policy names: at most 253 characters.
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 #: Each Neuron component alone, as its own release: (release, namespace, flags).

@@ -33,6 +33,10 @@
 {{- end }}
 ---
 {{ include "accel-dra.daemonSet" . }}
+{{- if ne .d.config.handoffOnUninstall false }}
+---
+{{ include "accel-dra.handoffHook" . }}
+{{- end }}
 {{- end }}
 
 {{- define "accel-dra.serviceAccount" -}}
