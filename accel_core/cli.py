@@ -249,9 +249,19 @@ def no_created_series() -> None:
         metrics.disable_created_metrics()
 
 
-def setup_from_args(args: argparse.Namespace, *, serving: bool = True) -> HostPaths:
-    """Configure logging and resolve paths from parsed common flags (``serving=False`` for read-only commands)."""
+def setup_from_args(args: argparse.Namespace, *, serving: bool = True, daemon: str | None = None) -> HostPaths:
+    """Configure logging and resolve paths from parsed common flags (``serving=False`` for read-only commands).
+    ``daemon``: the console script; this process then uses only the accelerators it serves, and a fault in those
+    is one line and exit 2 (:func:`accel_core.registry.serve_as`), before anything is served."""
     setup_logging(args.log_level, args.log_format)
+    if daemon is not None:
+        from accel_core.registry import RegistryError, serve_as
+
+        try:
+            serve_as(daemon)
+        except RegistryError as exc:
+            log.error(f"not starting: {exc}", extra=kv(daemon=daemon))
+            raise SystemExit(2) from None
     safe_stdout()
     no_created_series()
     paths = resolve_paths(args)

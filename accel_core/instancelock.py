@@ -13,13 +13,19 @@ naming that process (its pid is in the file), and the daemon exits 2. Where the 
  The kernel drops a ``flock`` when its holder exits, however
 it exits, so a lock file left by a dead process never blocks a restart; the files are therefore never removed
 (removing one would let two processes lock two different files of the same name).
+
+A lock path that cannot hold a lock (a symlink, a directory, a FIFO or any other non-regular file there, or a
+directory the file cannot be created in) is :class:`LockPathError`: one line naming the path and what it is, and
+the daemon exits 2 (a retry cannot fix it; the file is never removed for the daemon, see above).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 from accel_core.hostfiles import parse_index
@@ -31,6 +37,10 @@ _PID_BYTES = 32
 
 class InstanceConflict(Exception):
     """Another process serves the same device-plugin socket on this node."""
+
+
+class LockPathError(OSError):
+    """The lock path cannot hold a lock; the message names the path and what is there."""
 
 
 class InstanceLock:
@@ -54,8 +64,7 @@ class InstanceLock:
             if _same_file(self._fd, self.path):
                 return
             self.release()  # the file was removed or replaced: the lock on the old one protects nothing
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,12 +80,59 @@ class InstanceLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
+    def _open(self) -> int:
+        """The lock file, opened read-write (created if absent); LockPathError for anything but a regular file."""
+        _refuse_non_regular(self.path)  # before open: opening a device node or a FIFO may have effects of its own
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LockPathError(f"cannot make the instance lock directory {self.path.parent}: "
+                                f"{_why(exc)}") from None
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            _refuse_non_regular(self.path)  # replaced meanwhile
+            raise LockPathError(f"cannot open the instance lock file {self.path}: {_why(exc)}") from None
+        try:
+            _refuse_non_regular(self.path, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def release(self) -> None:
         """Drop the lock (closing the file drops the flock); the file stays."""
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _refuse_non_regular(path: Path, st: os.stat_result | None = None) -> None:
+    if st is None:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return  # absent (it is created) or unreadable (open says why)
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+    raise LockPathError(f"the instance lock path {path} is {kind}, not a regular file: remove it "
+                        "(the daemon creates the file)")
+
+
+def _why(exc: OSError) -> str:
+    """``exc`` in words: a read-only directory or file system says so."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{reason} (a read-only directory for this daemon)"
+    if exc.errno == errno.EEXIST:
+        return f"{reason} (not a directory)"
+    return reason
 
 
 def _same_file(fd: int, path: Path) -> bool:

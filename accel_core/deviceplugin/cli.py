@@ -80,7 +80,7 @@ class DevicePluginCli:
             print(self.ls(setup_from_args(args, serving=False), args))
             return 0
         catch_stop_signals()
-        return run_daemon(self.serve(setup_from_args(args), args), self.prog, serves_grpc=True)
+        return run_daemon(self.serve(setup_from_args(args, daemon=self.prog), args), self.prog, serves_grpc=True)
 
     def run(self) -> None:
         """The console script."""

@@ -33,7 +33,7 @@ import grpc
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginPolicy
 from accel_core.edits import ContainerEdits
 from accel_core.grpc_types import Ctx
-from accel_core.instancelock import InstanceConflict, InstanceLock
+from accel_core.instancelock import InstanceConflict, InstanceLock, LockPathError
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from accel_core.logs import kv
@@ -401,8 +401,8 @@ class DevicePluginServer:
     async def _reconcile_logged(self) -> None:
         try:
             await self._reconcile()
-        except InstanceConflict:
-            raise  # another process serves this socket: stop, never delete its socket
+        except (InstanceConflict, LockPathError):
+            raise  # another process serves this socket, or the lock path is unusable: stop, never delete the socket
         except Exception:  # a daemon never dies for one bad round; the next wake-up retries
             log.exception("device plugin reconcile failed; retrying", extra=kv(resource=self.resource_name))
             await self._stop_server()

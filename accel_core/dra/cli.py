@@ -163,9 +163,10 @@ class DriverCli:
                                     f"{DEFAULT_NOEXECUTE_AFTER:g}; 0: at once)")
         serve.add_env_argument("--min-slice-write-interval", env="MIN_SLICE_WRITE_INTERVAL", type=_non_negative,
                                default=DEFAULT_MIN_SLICE_WRITE_INTERVAL,
-                               help="seconds between ResourceSlice writes that change only taints (health); the "
-                                    "latest state goes out then (env MIN_SLICE_WRITE_INTERVAL; default "
-                                    f"{DEFAULT_MIN_SLICE_WRITE_INTERVAL:g}; 0: no limit)")
+                               help="seconds between ResourceSlice writes that keep the same devices (health: "
+                                    "taints, port state); the latest state goes out then (env "
+                                    f"MIN_SLICE_WRITE_INTERVAL; default {DEFAULT_MIN_SLICE_WRITE_INTERVAL:g}; 0: no "
+                                    "limit)")
         serve.add_argument("--remove-slices-on-exit", action="store_true",
                            help="delete this driver's ResourceSlices when stopping (uninstall); off for upgrades")
         for flag in self.flags:
@@ -250,7 +251,7 @@ class DriverCli:
 
     def _serve(self, args: argparse.Namespace) -> int:
         catch_stop_signals()
-        paths = setup_from_args(args)
+        paths = setup_from_args(args, daemon=self.prog)
         for noisy in ("httpx2", "httpx", "httpcore"):  # one line per API request is too much at INFO
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
         bad_dir = not_a_directory(directory_settings(paths))
