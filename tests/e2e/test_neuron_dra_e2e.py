@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
+from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubelet_standin import KubeletStandIn
@@ -430,3 +432,60 @@ def test_trn1_row_allocation_and_a_17_device_claim_stays_unallocated(
     assert out.returncode == 0, out.stderr
     assert "removed 1 ResourceSlice" in out.stdout
     assert node_slices(kube_client, node) == []
+
+
+@pytest.mark.timeout(600)
+def test_trn2_numa_node_and_node_label_attributes_follow_the_node(
+    kube_client: Client, fake_node: FakeNode, start_driver: Callable[[str, str], Driver], namespace: str,
+    wait: Wait,
+) -> None:
+    """AWS attribute parity: ``resource.kubernetes.io/numaNode`` as neuron-ls prints it, usable by the real
+    scheduler; the Node's topology labels reach every device within seconds, and leave with the label."""
+    layer1, capacity_block = "topology.k8s.aws/network-node-layer-1", "topology.k8s.aws/capacity-block-id"
+    node = fake_node(labels={"node.kubernetes.io/instance-type": "trn2.48xlarge", capacity_block: "cr-0123abcd"})
+    driver = start_driver(node, "trn2.48xlarge")
+    [published] = wait_published(kube_client, driver, 16, wait)
+    for dev in published["spec"]["devices"]:
+        index = int(dev["name"].rsplit("-", 1)[1])
+        assert dev["attributes"]["resource.kubernetes.io/numaNode"] == {"int": TRN2_48XLARGE_GUIDE[index][2]}
+        assert dev["attributes"]["capacityBlockId"] == {"string": "cr-0123abcd"}, "the first write carries it"
+        assert "networkNodeLayer1" not in dev["attributes"]
+
+    def layer1_values() -> set[str | None]:
+        [current] = node_slices(kube_client, node)
+        return {(d["attributes"].get("networkNodeLayer1") or {}).get("string") for d in current["spec"]["devices"]}
+
+    started = time.monotonic()
+    kube_client.patch(Node, node, {"metadata": {"labels": {layer1: "nn-abc"}}})
+    wait(lambda: layer1_values() == {"nn-abc"}, "networkNodeLayer1 on every device", timeout=30)
+    assert time.monotonic() - started < 10, "the label took more than 10 s to reach the slice"
+
+    # an unrelated label (or any other Node change) costs no slice write
+    [before] = node_slices(kube_client, node)
+    kube_client.patch(Node, node, {"metadata": {"labels": {"example.com/unrelated": "x"}}})
+    time.sleep(2)
+    [after] = node_slices(kube_client, node)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+    # the real scheduler reads numaNode: 8 devices on NUMA 0 are devices 4-11 (neuron-ls guide)
+    numa0 = sorted(i for i, row in TRN2_48XLARGE_GUIDE.items() if row[2] == 0)
+    kube_client.create(ResourceClaimTemplate.from_dict({  # type: ignore[call-overload]
+        "metadata": {"name": "numa0"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "neurons", "exactly": {
+            "deviceClassName": "neuron.aws.com", "allocationMode": "ExactCount", "count": 8,
+            "selectors": [{"cel": {"expression":
+                                   "device.attributes['resource.kubernetes.io'].numaNode == 0 && "
+                                   "device.attributes['neuron.aws.com'].networkNodeLayer1 == 'nn-abc'"}}]}}]}}}}),
+        namespace=namespace)
+    make_pod(kube_client, namespace, "numa0", "numa0")
+    claim = allocated_claim(kube_client, namespace, "numa0", wait)
+    assert devices_of(claim, node) == numa0
+    delete_pod_and_claim(kube_client, namespace, "numa0", claim, wait)
+
+    started = time.monotonic()
+    kube_client.patch(Node, node, {"metadata": {"labels": {layer1: None}}})
+    wait(lambda: layer1_values() == {None}, "networkNodeLayer1 gone from every device", timeout=30)
+    assert time.monotonic() - started < 10, "the removed label took more than 10 s to leave the slice"
+    [final] = node_slices(kube_client, node)
+    assert all(d["attributes"]["capacityBlockId"] == {"string": "cr-0123abcd"} for d in final["spec"]["devices"])
+    assert driver.stop() == 0, driver.tail()
