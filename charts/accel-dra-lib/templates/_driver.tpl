@@ -31,6 +31,10 @@
 ---
 {{ include "accel-dra.metricsService" . }}
 {{- end }}
+{{- if (.d.config.admissionWebhook | default dict).enabled }}
+---
+{{ include "accel-dra.admissionWebhook" . }}
+{{- end }}
 ---
 {{ include "accel-dra.daemonSet" . }}
 {{- if ne .d.config.handoffOnUninstall false }}
