@@ -183,6 +183,7 @@ def test_neuron_device_plugin_and_dra_driver_on_one_trn2(kubelet_node: NodeFacto
                      and allocatable(kube_client, node, "aws.amazon.com/neuroncore") == TRN2_CORES_LNC2 - 16,
                      "neuron 12 / neuroncore 48 from the device plugin", timeout=90)
                 takeover = time.monotonic() - t0
+                assert takeover < 25, f"{takeover:.1f}s: the driver did not leave cleanly (handoff hook)"
                 assert slice_devices(kube_client, node, "neuron.aws.com") == 0
                 wait(lambda: node_events(kube_client, node, "DevicePluginServing"), "a Node event says it serves")
                 wait(lambda: pod_ready(ds_pod(kube_client, dp_ns, dp_ds)), "the device plugin pod ready")
@@ -259,6 +260,8 @@ def test_efa_device_plugin_and_dra_releases_on_one_p5(kubelet_node: NodeFactory,
             wait(lambda: allocatable(kube_client, node, efa) == P5_EFA, "efa 32 from the device plugin again",
                  timeout=60)
             takeover = time.monotonic() - t0
+            # the pre-delete hook lets the driver remove its slices itself: well before the kubelet's 30 s wipe
+            assert takeover < 25, f"{takeover:.1f}s: the driver did not leave cleanly (handoff hook)"
             assert slice_devices(kube_client, node, "efa.aws.com") == 0
             wait(lambda: pod_ready(ds_pod(kube_client, "kube-system", dp_ds)), "the device plugin pod ready")
 
