@@ -106,8 +106,8 @@ spec:
       {{- end }}
       securityContext:
         runAsNonRoot: true
-        runAsUser: 65534
-        runAsGroup: 65534
+        runAsUser: 65532
+        fsGroup: 65532
         seccompProfile:
           type: RuntimeDefault
       {{- with .root.Values.imagePullSecrets }}
