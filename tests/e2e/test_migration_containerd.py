@@ -267,13 +267,15 @@ def test_node_by_node_migration_and_rollback(kind: Kind, kubelet_node: NodeFacto
                 raise AssertionError(f"{exc}; node 2 events: {seen}; its device plugin's log:\n{log}") from exc
             assert running(kube_client, namespace, "c") and held_on(n2, kind) == {"c": c_devices}
 
-            # Cleanup as the runbook has it: C's claim can be unprepared only through its driver, so node 2 goes back
-            # to DRA before C is deleted.
-            set_driver_label(kube_client, node2, kind, "dra")
-            wait(lambda: len(slice_names(kube_client, node2, kind)) == total and alloc(node2) == 0,
-                 "node 2 on DRA again", timeout=180)
+            # C deleted now: its claim can be unprepared only through its driver, so its devices stay held (never
+            # advertised by the device plugin) until node 2 goes back to DRA and the kubelet unprepares it.
             kube_client.delete(Pod, "c", namespace=namespace, grace_period=1)
+            time.sleep(5)
+            assert alloc(node2) == total - take and held_on(n2, kind) == {"c": c_devices}, "C's devices freed"
+            set_driver_label(kube_client, node2, kind, "dra")
             wait(lambda: gone(kube_client, namespace, "c"), "pod C gone once its claim is unprepared", timeout=120)
+            wait(lambda: len(slice_names(kube_client, node2, kind)) == total and alloc(node2) == 0
+                 and held_on(n2, kind) == {}, "node 2 on DRA again, nothing held", timeout=180)
 
             # Node 1 and its pod never noticed.
             b = kube_client.get(Pod, "b", namespace=namespace)
