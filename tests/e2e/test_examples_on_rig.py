@@ -11,7 +11,9 @@ deleting the example (default grace period) takes less than 10 s.
   controller-manager, a DRA driver per node; the containers are fakecri's). fakecri proves the kubelet and scheduler
   side: placement, allocation, prepare and delete.
 - The neuron chart's scheduler extender (``scheduler.enabled=true``): ``my-scheduler`` runs the kube-scheduler image
-  made from the cached binary under the chart's default reference, and becomes Available on a containerd node.
+  made from the cached binary under the chart's default reference, becomes Available on a containerd node, and
+  binds a ``neuron: 1`` pod through the extender, reached at its Service name (the rig's cluster DNS and ClusterIP
+  forwarding, accel_core/devtools/nodeservices.py).
 
 Expected values are AWS facts, not our catalog's: a trn2.48xlarge has 16 Trainium2 devices and 16 EFAs (one per
 device), a p5.48xlarge 32 EFAs, four on each GPU's PCIe root (efa.md 2.3); LNC 1 shows as NEURON_LOGICAL_NC_CONFIG=1;
@@ -433,7 +435,8 @@ def test_scheduler_extender_chart_runs_my_scheduler(control_plane: ControlPlane,
     """The seed's device-plugin install plus ``scheduler.enabled=true`` on a containerd trn2 node: my-scheduler runs
     the chart's default image (``registry.k8s.io/kube-scheduler:<the API server's version>``, made by the rig from
     the cached binary) as the chart confines it (uid 65532, read-only root), becomes Available (its HTTPS /healthz
-    readiness probe), binds a pod that names it, and sends a ``neuron: 1`` pod to the extender."""
+    readiness probe), binds a pod that names it, and binds a ``neuron: 1`` pod through the extender (the rig's
+    cluster DNS and ClusterIP forwarding carry my-scheduler's call to the extender's Service)."""
     trn2 = kubelet_node("trn2.48xlarge", runtime=CONTAINERD)
     image = f"registry.k8s.io/kube-scheduler:{_server_version(control_plane)}"
     assert image in trn2.kubelet.containerd.images()
@@ -463,22 +466,27 @@ def test_scheduler_extender_chart_runs_my_scheduler(control_plane: ControlPlane,
         wait(lambda: running_1_of_1(kube_client.get(Pod, "by-my-scheduler", namespace=namespace).to_dict()),
              "the pod bound by my-scheduler and Running", timeout=120)
 
-        # A neuron: 1 pod: my-scheduler sends it to the extender (which manages aws.amazon.com/neuron). The rig has no
-        # cluster DNS and no Service proxy for pods, so the extender's Service name does not resolve in my-scheduler's
-        # pod; the extender is not ignorable, so my-scheduler keeps the pod Pending rather than place it without the
-        # extender (the chart's documented behaviour). test_scheduler_extender_e2e.py proves the placement itself,
-        # with the chart's configuration and certificates, with my-scheduler and the extender on the machine.
+        # A neuron: 1 pod: my-scheduler asks the extender (which manages aws.amazon.com/neuron) at its Service name,
+        # over mutual TLS; the node's cluster DNS resolves the name and its ClusterIP reaches the extender pod.
         wait(lambda: allocatable_neuron(kube_client, trn2.name) == 16, "neuron: 16 allocatable", timeout=180)
         kube_client.create(Pod.from_dict({  # type: ignore[call-overload]
             "metadata": {"name": "neuron-1", "namespace": namespace},
             "spec": {"schedulerName": "my-scheduler",
                      "containers": [{**SLEEPER, "resources": {"limits": {"aws.amazon.com/neuron": "1"}}}]}}))
-        url = "neuron-scheduler-extender.kube-system.svc:12345"
-        message = wait(lambda: next((m for r, m in pod_events(kube_client, namespace, "neuron-1")
-                                     if r == "FailedScheduling" and url in m), None),
-                       f"my-scheduler to call the extender at {url} for the neuron: 1 pod", timeout=120)
-        print(f"\n[rig] my-scheduler, neuron: 1 pod: {message}")
-        assert kube_client.get(Pod, "neuron-1", namespace=namespace).spec.nodeName is None
+        wait(lambda: running_1_of_1(kube_client.get(Pod, "neuron-1", namespace=namespace).to_dict()),
+             "the neuron: 1 pod bound by my-scheduler and Running", timeout=180)
+        events = pod_events(kube_client, namespace, "neuron-1")
+        print(f"\n[rig] my-scheduler, neuron: 1 pod: {events}")
+        assert kube_client.get(Pod, "neuron-1", namespace=namespace).spec.nodeName == trn2.name
+        assert any(r == "Scheduled" for r, _ in events), events
+        assert not any(r == "FailedScheduling" for r, _ in events), events
+        # the extender answered my-scheduler's filter call for it, passing the node (its own log)
+        (extender,) = [p.metadata.name for p in kube_client.list(
+            Pod, namespace="kube-system", labels={"app.kubernetes.io/name": "neuron-scheduler-extender"})]
+        log = trn2.kubelet.pod_log("kube-system", extender, "neuron-scheduler-extender")
+        calls = [line for line in log.splitlines() if "msg=filter" in line and f"pod={namespace}/neuron-1 " in line]
+        print(f"[rig] the extender's filter call: {calls}")
+        assert any(f"passed={trn2.name}" in line for line in calls), log[-2000:]
     finally:
         _uninstall(helm, "neuron-helm-chart", "default")
 
