@@ -30,7 +30,7 @@ import os
 import ssl
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -79,11 +79,22 @@ class ApiClient:
         raise AssertionError("unreachable")
 
 
+def fetch_lists(api: ApiClient, routes_dir: Path) -> tuple[ServiceTable, list[NodeRoute]]:
+    """Blocking: the table of the Services and EndpointSlices, and the live nodes' routes."""
+    services = api.get(SERVICES).get("items") or []
+    slices = api.get(SLICES).get("items") or []
+    return build(services, slices), [r for r in load_routes(routes_dir) if r.alive()]
+
+
+Fetch = Callable[[], tuple[ServiceTable, list[NodeRoute]]]
+
+
 class NodeServices:
-    def __init__(self, netns: str, api: ApiClient, routes_dir: Path, dns_ip: str = DNS_IP) -> None:
+    """The DNS and ClusterIP listeners of one node namespace, refreshed with ``fetch`` (run in a thread)."""
+
+    def __init__(self, netns: str, fetch: Fetch, dns_ip: str = DNS_IP) -> None:
         self.netns = netns
-        self.api = api
-        self.routes_dir = routes_dir
+        self.fetch = fetch
         self.dns_ip = dns_ip
         self.table = ServiceTable()
         self.routes: list[NodeRoute] = []
@@ -94,15 +105,9 @@ class NodeServices:
 
     # ---- the lists
 
-    def fetch(self) -> tuple[ServiceTable, list[NodeRoute]]:
-        """Blocking: the Services and EndpointSlices, and the live nodes' routes."""
-        services = self.api.get(SERVICES).get("items") or []
-        slices = self.api.get(SLICES).get("items") or []
-        return build(services, slices), [r for r in load_routes(self.routes_dir) if r.alive()]
-
     async def refresh(self) -> None:
         try:
-            self.table, self.routes = await asyncio.to_thread(self.fetch)
+            table, routes = await asyncio.to_thread(self.fetch)
         except (OSError, http.client.HTTPException, ValueError, AttributeError) as e:
             if str(e) != self._last_error:
                 log(f"cannot list Services and EndpointSlices (keeping the last ones): {e}")
@@ -111,9 +116,11 @@ class NodeServices:
         if self._last_error:
             log("listing Services and EndpointSlices again")
             self._last_error = ""
-        await self._reconcile()
+        await self.apply(table, routes)
 
-    async def _reconcile(self) -> None:
+    async def apply(self, table: ServiceTable, routes: list[NodeRoute]) -> None:
+        """Serve ``table``: a listener for each of its ClusterIP ports, none for the others."""
+        self.table, self.routes = table, routes
         want = {k: sp for k, sp in self.table.ports.items() if k[0] != SERVICE_IP}
         for key in [k for k in self.servers if k not in want]:
             self.servers.pop(key).close()
@@ -223,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         api = ApiClient(args.server, args.ca, args.cert, args.key)
-        node = NodeServices(args.netns, api, args.routes, args.dns_ip)
+        node = NodeServices(args.netns, functools.partial(fetch_lists, api, args.routes), args.dns_ip)
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run(node, args.holder, args.interval))
     except (OSError, ssl.SSLError) as e:

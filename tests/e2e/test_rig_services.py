@@ -4,7 +4,8 @@ Two containerd nodes; a busybox ``httpd`` pod on the first behind a Service whos
 pod's (8080); busybox client pods on both nodes resolve the Service's names with ``nslookup`` and fetch its page
 with ``wget`` by the short name (the kubelet's search domains) and the ``<svc>.<ns>.svc`` form. Expected values come
 from the API server (the ClusterIP it allocated) and from Kubernetes' DNS scheme and resolv.conf rules; a name
-that is no Service is NXDOMAIN. Deleting the server pod leaves the Service with no endpoint: the connection fails.
+that is no Service is NXDOMAIN. Deleting the server pod leaves the Service with no endpoint: the connection fails;
+deleting the Service makes its name NXDOMAIN and closes its ClusterIP port.
 """
 
 from __future__ import annotations
@@ -75,9 +76,18 @@ def test_pods_resolve_and_reach_a_service_on_their_node_and_another(
         assert f"can't find nosuch.{namespace}.svc.cluster.local: NXDOMAIN" in log, log
         assert "short=hello-from-web" in log and "svc=hello-from-web" in log, log
 
-    # no endpoint left: the ClusterIP refuses (the node's view drops the endpoint within its refresh)
+    # no endpoint left: the node's view drops it within a refresh, and a connection to the ClusterIP is closed
+    services_log = b.kubelet.layout.dir / "logs" / "node-services.log"
+    probe = "timeout 5 wget -q -O - http://web:8081/ && echo reached || echo unreachable"
     kube_client.delete(Pod, "web", namespace=namespace, grace_period=0)
-    kube_client.create(_pod("client-gone", namespace, b.name,
-                            "sleep 6; timeout 5 wget -q -O - http://web:8081/ && echo reached || echo unreachable"))
-    log = _finished_log(kube_client, b, namespace, "client-gone", wait)
-    assert "unreachable" in log and "reached\n" not in log.replace("unreachable", ""), log
+    kube_client.create(_pod("client-no-endpoint", namespace, b.name, f"sleep 6; {probe}"))
+    log = _finished_log(kube_client, b, namespace, "client-no-endpoint", wait)
+    assert re.search(r"^unreachable$", log, re.M) and not re.search(r"^reached$", log, re.M), log
+    assert f"{cluster_ip}:8081 ({namespace}/web:http): no ready endpoint reachable of 0" in services_log.read_text()
+
+    # the Service gone: its name is NXDOMAIN and its ClusterIP port is no longer served
+    kube_client.delete(Service, "web", namespace=namespace)
+    kube_client.create(_pod("client-no-service", namespace, b.name, f"sleep 4; nslookup {full}; {probe}"))
+    log = _finished_log(kube_client, b, namespace, "client-no-service", wait)
+    assert f"can't find {full}: NXDOMAIN" in log and re.search(r"^unreachable$", log, re.M), log
+    assert f"- {cluster_ip}:8081" in services_log.read_text()
