@@ -195,10 +195,10 @@ class DriverCli:
                               help=f"HTTPS port (env WEBHOOK_PORT; default {WEBHOOK_PORT})")
         hook.add_env_argument("--address", env="WEBHOOK_ADDRESS", type=ip_address, default="0.0.0.0",
                               help="address to listen on (env WEBHOOK_ADDRESS; default all)")
-        hook.add_env_argument("--tls-cert-file", env="TLS_CERT_FILE", type=Path, default=None,
+        hook.add_env_argument("--tls-cert-file", env="TLS_CERT_FILE", type=_existing_file, default=None,
                               help="server certificate (PEM) the API server checks against the webhook's caBundle "
                                    "(env TLS_CERT_FILE; required)")
-        hook.add_env_argument("--tls-key-file", env="TLS_KEY_FILE", type=Path, default=None,
+        hook.add_env_argument("--tls-key-file", env="TLS_KEY_FILE", type=_existing_file, default=None,
                               help="the certificate's private key (PEM; env TLS_KEY_FILE; required)")
         add_logging_flags(hook)
         for flag in self.flags:
@@ -349,6 +349,12 @@ def _non_negative(text: str) -> float:
     if text.strip().startswith("-"):
         raise argparse.ArgumentTypeError(f"must be 0 (off) or more seconds, not {text}")
     return seconds_or_zero(text)
+
+
+def _existing_file(text: str) -> Path:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"expected a PEM file, got {text[:200]!r} (no such file)")
+    return Path(text)
 
 
 def _node_flag(parser: EnvArgumentParser) -> None:
