@@ -10,9 +10,10 @@ line with that and nothing else:
 - nothing is written before the driver hands over its first complete device list, and nothing while what the
   server holds already matches it (checked on start, after every watch event and every change), so an idle node
   causes no writes at all; a change writes every slice of the pool with the pool generation bumped;
-- a change of taints alone (health) is written at most once per ``min_write_interval`` seconds, the latest state
-  then; the first write and any other change go out at once. A port flapping every 0.2 s costs a few writes a
-  minute, not hundreds;
+- a change that keeps the same devices and counters (health: taints, and attributes such as an EFA's port state)
+  is written at most once per ``min_write_interval`` seconds, the latest state then; the first write, and devices
+  or counters that come or go, go out at once. A port flapping every 0.2 s costs a few writes a minute, not
+  hundreds;
 - the server's taints (with their ``timeAdded``) from the first listing are handed to ``on_listed`` before
   anything is written, so a restarted driver can keep them (:mod:`accel_core.dra.taints`);
 - an API server that cannot be reached (connection refused or reset, 502/503/504 while it starts) is retried every
@@ -130,8 +131,8 @@ def spec_key(spec: api.ResourceSliceSpec) -> str:
 
 
 def structure_key(devices: Sequence[SliceDevice], counters: Sequence[CounterSet]) -> tuple[object, ...]:
-    """What a pool holds apart from its taints: equal keys mean a change of health only."""
-    return (tuple(dataclasses.replace(d, taints=()) for d in devices), tuple(counters))
+    """Which devices and counters a pool holds: equal keys mean the same devices changed (health, in practice)."""
+    return (tuple(d.name for d in devices), tuple(counters))
 
 
 def server_taints(slices: Sequence[ResourceSlice]) -> dict[str, tuple[Taint, ...]]:

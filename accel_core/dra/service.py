@@ -73,8 +73,9 @@ HELD_RECHECK_S = 5.0
 #: how long the slices wait for the device plugin's resources to leave the Node's allocatable (the kubelet reports
 #: them every nodeStatusUpdateFrequency, 10 s by default)
 DRAIN_WAIT_S = 30.0
-#: Seconds between slice writes that change only taints (health), the latest state then: a flapping port costs at
-#: most 60 / this pool writes a minute (a taint appears at once when none went out that long before).
+#: Seconds between slice writes that keep the same devices (health: taints, port state), the latest state then: a
+#: flapping port costs at most 60 / this pool writes a minute (a taint appears at once when none went out that long
+#: before).
 DEFAULT_MIN_SLICE_WRITE_INTERVAL = 5.0
 
 

@@ -9,7 +9,8 @@ on fake nodes, for both DRA drivers (neuron.aws.com, efa.aws.com):
   extendedResourceName (chart value draDriver.extendedResource);
 - prioritized lists: examples/neuron-dra/eight-or-four-connected-neurons.yaml gets 8, then falls back to 4, and a
   config naming the parent or the chosen subrequest reaches the containers; trn2-else-trn1.yaml on either type;
-- the unhealthy taint effect NoExecute: kube-controller-manager evicts the pod whose device turns unhealthy.
+- the unhealthy taint effect NoExecute: kube-controller-manager evicts the pod whose device turns unhealthy (and
+  stays so for ``--noexecute-after``; NoSchedule until then).
 
 Facts the assertions use (not our code): trn2.48xlarge has 16 Neuron devices (/dev/neuron0..15) with 8 physical
 NeuronCores each (4 logical at the default LNC 2, 8 at LNC 1); its devicegroup8 sets are devices 0-7 and 8-15 and
@@ -351,7 +352,8 @@ def one_device_template(name: str, kind: Kind) -> dict[str, Any]:
 def test_no_execute_taint_evicts_the_pod_of_a_device_that_turns_unhealthy(
         kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client, classes: None, namespace: str,
         wait: Wait, kind: Kind) -> None:
-    node, _ = ready_node(kubelet_node, daemon, kube_client, kind, wait, "--unhealthy-taint-effect", "NoExecute")
+    node, _ = ready_node(kubelet_node, daemon, kube_client, kind, wait, "--unhealthy-taint-effect", "NoExecute",
+                         "--noexecute-after", "5")
     create_in(kube_client, namespace, one_device_template("one", kind))
     for pod in ("victim", "bystander"):
         create_pod(kube_client, namespace, pod, node.name, claims=[("dev", "one")])
@@ -370,7 +372,11 @@ def test_no_execute_taint_evicts_the_pod_of_a_device_that_turns_unhealthy(
                 for dev in sl.to_dict()["spec"].get("devices", []) for t in dev.get("taints") or []]
 
     (published,) = wait(taints, "the unhealthy device tainted in its slice", timeout=60)
-    assert (published["key"], published["effect"]) == (f"{kind.driver}/unhealthy", "NoExecute")
+    assert (published["key"], published["effect"]) == (f"{kind.driver}/unhealthy", "NoSchedule"), \
+        "NoSchedule at once; NoExecute only once the device stayed unhealthy --noexecute-after seconds"
+    assert pod_phase(kube_client, namespace, "victim") == "Running", "no eviction during the hold"
+    (upgraded,) = wait(lambda: [t for t in taints() if t["effect"] == "NoExecute"], "the NoExecute taint", timeout=60)
+    assert upgraded["key"] == f"{kind.driver}/unhealthy"
     wait(lambda: pod_gone(kube_client, namespace, "victim"), "kube-controller-manager evicting the victim",
          timeout=120)
     assert pod_phase(kube_client, namespace, "bystander") == "Running", "a pod on a healthy device stays"

@@ -9,6 +9,7 @@ with the same taint and no timeAdded moved it from 04:05:04 to 04:05:06); the he
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -127,9 +128,11 @@ def test_run_calls_back_when_a_hold_ends() -> None:
     asyncio.run(scenario())
 
 
-# -- the publisher coalesces health-only writes -----------------------------------------------------------------------
+# -- the publisher coalesces health-driven writes ----------------------------------------------------------------------
 def sick(n: int, *which: int) -> list[SliceDevice]:
-    return devices(n, tainted=which)
+    """``n`` devices, ``which`` tainted and with a port state attribute that says so (as the EFA profile's)."""
+    return [dataclasses.replace(d, attributes={**d.attributes, "portState": "DOWN" if i in which else "ACTIVE"})
+            for i, d in enumerate(devices(n, tainted=which))]
 
 
 def test_a_flapping_taint_is_written_at_most_once_per_interval_with_the_latest_state() -> None:
@@ -148,6 +151,7 @@ def test_a_flapping_taint_is_written_at_most_once_per_interval_with_the_latest_s
         (obj,) = api.ours()
         assert [d.get("taints") is not None for d in obj["spec"]["devices"]] == [True, False, False, False], \
             "the latest state"
+        assert obj["spec"]["devices"][0]["attributes"]["portState"] == {"string": "DOWN"}
         pub.set_devices(sick(5, 0))  # a device added: not health only, at once
         await until(lambda: len(api.writes) == 3, "the structural write", timeout=1)
     run_with(FakeApi(), scenario, min_write_interval=3.0)
