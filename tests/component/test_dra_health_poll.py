@@ -188,3 +188,32 @@ def test_the_full_list_is_re_sent_while_the_host_stays_quiet(short_tmp: Path) ->
             assert rig.scans == 2
 
     asyncio.run(scenario())
+
+
+def test_noexecute_follows_the_hold_without_any_rescan(short_tmp: Path) -> None:
+    """``--unhealthy-taint-effect NoExecute``: a port seen DOWN is NoSchedule at once and NoExecute once it stayed
+    down ``noexecute_after`` seconds, from the service's own timer (no host event, no rescan, marks that moment);
+    timeAdded is when it was first seen DOWN, and that plus the hold."""
+    fake: FakeHost = copy_host(short_tmp / "h", "p4d.24xlarge")
+    state = fake.ibdev_dir("rdmap16s27") / "ports" / "1" / "state"
+    write_in_place(state, "4: ACTIVE\n")
+    rig = Rig(short_tmp, EfaProfile(SysfsLikeEfaScanner()), taint_effect="NoExecute", noexecute_after=1.5)
+    device = "efa-0000-10-1b-0"
+
+    def taint() -> Any:
+        taints = rig.publisher.devices[device].taints
+        return taints[0] if taints else None
+
+    async def scenario() -> None:
+        async with rig.running():
+            write_in_place(state, "1: DOWN\n")
+            first = await until(taint, "the NoSchedule taint", timeout=WITHIN)
+            assert first.effect == "NoSchedule"
+            scans = rig.scans
+            upgraded = await until(lambda: (t := taint()) is not None and t.effect == "NoExecute" and t,
+                                   "the NoExecute taint", timeout=WITHIN)
+            assert rig.scans == scans, "the timer, not a rescan"
+            assert first.time_added is not None and upgraded.time_added is not None
+            assert upgraded.time_added.timestamp() - first.time_added.timestamp() in (1, 2), "the hold, whole seconds"
+
+    asyncio.run(scenario())
