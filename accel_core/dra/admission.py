@@ -1,9 +1,10 @@
-"""Opaque configs checked when a ResourceClaim or ResourceClaimTemplate is created: a validating admission webhook
-that runs the driver profile's own decoder (``profile.decode_config``), so the API server refuses what prepare
-would refuse, with the same line.
+"""Opaque configs checked when a ResourceClaim, ResourceClaimTemplate or DeviceClass is created: a validating
+admission webhook that runs the driver profile's own decoder (``profile.decode_config``), so the API server refuses
+what prepare would refuse, with the same line.
 
 The API server sends an ``admission.k8s.io/v1`` AdmissionReview for a ``resource.k8s.io`` ResourceClaim
-(``spec.devices.config[]``) or ResourceClaimTemplate (``spec.spec.devices.config[]``), CREATE or UPDATE. Every
+(``spec.devices.config[]``), ResourceClaimTemplate (``spec.spec.devices.config[]``) or DeviceClass
+(``spec.config[]``, named ``FromClass`` as prepare names a class's configs), CREATE or UPDATE. Every
 entry whose ``opaque.driver`` is this driver is decoded, applicable to a request or not (as prepare does); the
 first that fails refuses the object with the decoder's message, its place written as prepare writes it:
 ``config[0] (FromClaim, requests neuron): logicalNeuronCore must be 1 or 2, got 3``. Anything else is allowed,
@@ -24,10 +25,11 @@ from accel_core.logs import kv
 log = logging.getLogger(__name__)
 
 REVIEW_API_VERSION = "admission.k8s.io/v1"
-#: kind -> path from the object to its DeviceClaim (the part holding ``devices.config``)
-CLAIM_PATHS: Mapping[str, tuple[str, ...]] = {
-    "ResourceClaim": ("spec",),
-    "ResourceClaimTemplate": ("spec", "spec"),
+#: kind -> (path from the object to its config list, the config's source as prepare names it)
+CONFIG_PATHS: Mapping[str, tuple[tuple[str, ...], str]] = {
+    "ResourceClaim": (("spec", "devices", "config"), "FromClaim"),
+    "ResourceClaimTemplate": (("spec", "spec", "devices", "config"), "FromClaim"),
+    "DeviceClass": (("spec", "config"), "FromClass"),
 }
 
 Decode = Callable[[Any, str], object]
@@ -39,18 +41,17 @@ class BadReview(ValueError):
 
 def refusal(obj: Any, kind: str, *, driver: str, decode: Decode) -> str | None:
     """The decoder's message for the first of ``driver``'s opaque configs in ``obj`` that does not decode, else
-    None. ``kind`` is ResourceClaim or ResourceClaimTemplate."""
-    claim: Any = obj
-    for key in CLAIM_PATHS[kind]:
-        claim = claim.get(key) if isinstance(claim, Mapping) else None
-    devices = claim.get("devices") if isinstance(claim, Mapping) else None
-    configs = devices.get("config") if isinstance(devices, Mapping) else None
+    None. ``kind`` is ResourceClaim, ResourceClaimTemplate or DeviceClass."""
+    path, source = CONFIG_PATHS[kind]
+    configs: Any = obj
+    for key in path:
+        configs = configs.get(key) if isinstance(configs, Mapping) else None
     for index, entry in enumerate(configs if isinstance(configs, list) else ()):
         opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
             continue
         requests = [str(r) for r in entry.get("requests") or () if isinstance(r, str)]
-        where = f"config[{index}] (FromClaim" + (f", requests {', '.join(requests)})" if requests else ")")
+        where = f"config[{index}] ({source}" + (f", requests {', '.join(requests)})" if requests else ")")
         try:
             decode(opaque.get("parameters"), where)
         except ConfigError as exc:
@@ -74,7 +75,7 @@ def review(body: bytes, *, driver: str, decode: Decode) -> dict[str, Any]:
     kind = group_kind.get("kind") if isinstance(group_kind, dict) else None
     obj = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if (isinstance(kind, str) and kind in CLAIM_PATHS and isinstance(obj, dict)
+    if (isinstance(kind, str) and kind in CONFIG_PATHS and isinstance(obj, dict)
             and request.get("operation") in ("CREATE", "UPDATE")):
         message = refusal(obj, kind, driver=driver, decode=decode)
         if message is not None:

@@ -1,6 +1,7 @@
 """The drivers' admission webhooks against the real API server: ``kubectl apply`` of a ResourceClaimTemplate with
 ``logicalNeuronCore: 3`` or a misspelt field is refused with the line the driver's prepare would give, a good one
-is accepted; the same for EFA. And what happens while a webhook is down, with either failurePolicy.
+is accepted; a ResourceClaim and a DeviceClass are checked too; the same for EFA. And what happens while a webhook
+is down, with either failurePolicy.
 
 The webhooks run as processes on this machine (``neuron-dra-driver webhook``, ``efa-dra-driver webhook``) with a
 certificate for 127.0.0.1; the ValidatingWebhookConfigurations are the charts' own (rendered with
@@ -27,6 +28,7 @@ import yaml
 from chart_render import EFA_CHART, NEURON_CHART, find_or_build_helm, template
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+from lightkube.resources.resource_v1 import DeviceClass
 
 from accel_core.devtools.certs import issue, make_ca
 from accel_core.devtools.controlplane import ControlPlane
@@ -171,6 +173,20 @@ def test_kubectl_apply_refuses_bad_neuron_and_efa_configs_with_the_drivers_line(
         with pytest.raises(ApiError) as refused:
             kube_client.create(codecs.from_dict(claim))
         assert refused.value.status.code == 422 and NEURON_LNC_3 in (refused.value.status.message or "")
+
+        # so is a DeviceClass's config (prepare applies it to every claim of the class, as FromClass)
+        device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                        "metadata": {"name": f"{namespace}-lnc3"},
+                        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'neuron.aws.com'"}}],
+                                 "config": [{"opaque": {"driver": "neuron.aws.com", "parameters": lnc(3)}}]}}
+        try:
+            with pytest.raises(ApiError) as refused:
+                kube_client.create(codecs.from_dict(device_class))
+        finally:
+            with contextlib.suppress(ApiError):
+                kube_client.delete(DeviceClass, f"{namespace}-lnc3")
+        assert refused.value.status.message == \
+            DENIED.format(driver="neuron.aws.com") + "config[0] (FromClass): logicalNeuronCore must be 1 or 2, got 3"
 
         efa_bad = {"apiVersion": "efa.aws.com/v1", "kind": "EfaConfig", "mtu": 9001}
         err = refused_once_active(kubectl_apply, efa_template("efa-typo", namespace, efa_bad), "unknown field 'mtu'")

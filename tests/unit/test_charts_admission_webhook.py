@@ -88,12 +88,14 @@ def test_the_objects_fit_together(helm: Path, chart: Path, driver: str, command:
     public.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm)
     assert pod["metadata"]["annotations"]["checksum/tls"]  # a renewed certificate rolls the pods
 
-    # what is sent: claims and templates, CREATE and UPDATE, only those carrying this driver's configs
+    # what is sent: claims, templates and classes, CREATE and UPDATE, only those carrying this driver's configs
     assert hook["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
                               "operations": ["CREATE", "UPDATE"],
-                              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
+                              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"},
+                             {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                              "operations": ["CREATE", "UPDATE"], "resources": ["deviceclasses"], "scope": "Cluster"}]
     (condition,) = hook["matchConditions"]
-    assert condition["expression"].count(f"== '{driver}'") == 2
+    assert condition["expression"].count(f"== '{driver}'") == 3
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1"]
 

@@ -133,8 +133,20 @@ def test_claims_without_configs_deletes_and_other_kinds_are_allowed() -> None:
     bad = opaque("neuron.aws.com", neuron_params(logicalNeuronCore=3))
     body = admission("ResourceClaim", claim_spec(bad), operation="DELETE")
     assert review(body, driver="neuron.aws.com", decode=NEURON.decode_config)["response"]["allowed"] is True
-    body = admission("DeviceClass", claim_spec(bad))
+    body = admission("Pod", claim_spec(bad))
     assert review(body, driver="neuron.aws.com", decode=NEURON.decode_config)["response"]["allowed"] is True
+
+
+def test_a_device_class_config_is_checked_and_named_as_prepare_names_a_class_config() -> None:
+    spec = {"selectors": [{"cel": {"expression": "device.driver == 'neuron.aws.com'"}}],
+            "config": [opaque("neuron.aws.com", neuron_params(logicalNeuronCore=1)),
+                       opaque("neuron.aws.com", neuron_params(logicalNeuronCore=4))]}
+    answer = review(admission("DeviceClass", spec), driver="neuron.aws.com", decode=NEURON.decode_config)
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["message"] == "config[1] (FromClass): logicalNeuronCore must be 1 or 2, got 4"
+    spec["config"] = spec["config"][:1]
+    answer = review(admission("DeviceClass", spec), driver="neuron.aws.com", decode=NEURON.decode_config)
+    assert answer["response"]["allowed"] is True
 
 
 @pytest.mark.parametrize("body, part", [

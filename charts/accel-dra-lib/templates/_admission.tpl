@@ -1,5 +1,5 @@
-{{/* The admission webhook that checks one DRA driver's opaque configs when a ResourceClaim or ResourceClaimTemplate
-     is created or updated (`<command> webhook`, accel_core/dra/admission.py): the profile's own decoder refuses
+{{/* The admission webhook that checks one DRA driver's opaque configs when a ResourceClaim, ResourceClaimTemplate
+     or DeviceClass is created or updated (`<command> webhook`, accel_core/dra/admission.py): the profile's own decoder refuses
      what prepare would refuse, with the same line. Objects: a TLS Secret (chart-made CA and serving certificate),
      a Deployment, a Service and a ValidatingWebhookConfiguration whose caBundle is that CA.
 
@@ -214,10 +214,17 @@ webhooks:
         operations: ["CREATE", "UPDATE"]
         resources: ["resourceclaims", "resourceclaimtemplates"]
         scope: Namespaced
+      - apiGroups: ["resource.k8s.io"]
+        apiVersions: ["v1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: ["deviceclasses"]
+        scope: Cluster
     matchConditions:
-      # a ResourceClaim's configs are in spec.devices.config, a template's in spec.spec.devices.config
+      # a ResourceClaim's configs are in spec.devices.config, a template's in spec.spec.devices.config, a
+      # DeviceClass's in spec.config
       - name: {{ printf "has-%s-opaque-config" (lower .d.displayName) }}
         expression: >-
           object.spec.?devices.?config.orValue([]).exists(c, c.?opaque.?driver.orValue('') == {{ .d.driverName | squote }}) ||
-          object.spec.?spec.?devices.?config.orValue([]).exists(c, c.?opaque.?driver.orValue('') == {{ .d.driverName | squote }})
+          object.spec.?spec.?devices.?config.orValue([]).exists(c, c.?opaque.?driver.orValue('') == {{ .d.driverName | squote }}) ||
+          object.spec.?config.orValue([]).exists(c, c.?opaque.?driver.orValue('') == {{ .d.driverName | squote }})
 {{- end }}
