@@ -207,12 +207,11 @@ def _describe(sp: ServicePort | None, key: tuple[str, int]) -> str:
 
 
 async def run(node: NodeServices, holder: int | None, interval: float) -> None:
-    await node.refresh()
     await node.serve_dns()
-    log(f"DNS on {node.dns_ip}:53 and {len(node.servers)} ClusterIP ports in {node.netns}")
+    log(f"DNS on {node.dns_ip}:53 in {node.netns}")
     while holder is None or os.path.exists(f"/proc/{holder}"):
-        await asyncio.sleep(interval)
         await node.refresh()
+        await asyncio.sleep(interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
