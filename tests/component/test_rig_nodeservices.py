@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces ne
 
 WEB_IP = "10.0.0.77"
 NAME = "web.shop.svc.cluster.local"
+BIG = bytes(range(256)) * 4096 + b"pod on b\n"
 
 
 def _holder(*setup: str) -> subprocess.Popen[bytes]:
@@ -113,7 +114,7 @@ def test_dns_and_a_cluster_ip_reaching_endpoints_on_the_node_and_another(nodes: 
 
     async def scenario() -> None:
         servers = [await _pod_server(a.netns, "10.88.0.5", b"pod on a\n"),
-                   await _pod_server(b.netns, "10.89.0.7", b"pod on b\n")]
+                   await _pod_server(b.netns, "10.89.0.7", BIG)]
         node = NodeServices(a.netns, lambda: (ServiceTable(), []))
         await node.serve_dns()
         await node.apply(_table(["10.88.0.5", "10.89.0.7"]), [a, b])
@@ -125,12 +126,12 @@ def test_dns_and_a_cluster_ip_reaching_endpoints_on_the_node_and_another(nodes: 
 
         # ClusterIP:80 inside node a reaches port 8080 of both endpoints in turn, b's through b's namespace
         replies = {await _fetch_in(a.netns, WEB_IP, 80) for _ in range(2)}
-        assert replies == {b"pod on a\n", b"pod on b\n"}
+        assert replies == {b"pod on a\n", BIG}  # b's 1 MiB whole
 
         # an endpoint that refuses is skipped for the next one
         servers[0].close()
         await servers[0].wait_closed()
-        assert {await _fetch_in(a.netns, WEB_IP, 80) for _ in range(2)} == {b"pod on b\n"}
+        assert {await _fetch_in(a.netns, WEB_IP, 80) for _ in range(2)} == {BIG}
 
         # the Service gone: no listener, its name NXDOMAIN
         await node.apply(ServiceTable(), [a, b])
