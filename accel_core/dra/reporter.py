@@ -41,6 +41,7 @@ from accel_core.dra.claimreport import (
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
+from accel_core.tasks import queued_until
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +143,8 @@ class ClaimReporter:
     async def run(self, stop: asyncio.Event) -> None:
         """Write until ``stop``."""
         self._loop = asyncio.get_running_loop()
-        stopping = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
-                getting = asyncio.create_task(self._queue.get())
-                await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not getting.done():
-                    getting.cancel()
-                    return
-                job = getting.result()
+            async for job in queued_until(self._queue, stop):
                 if isinstance(job, str):
                     self._health_queued.discard(job)
                     await self._write_health(job)
@@ -158,7 +152,6 @@ class ClaimReporter:
                     await self._report(job)
         finally:
             self._loop = None
-            stopping.cancel()
 
     async def _report(self, problem: ClaimProblem) -> None:
         if self.prepared(problem.uid) is not None:

@@ -36,6 +36,7 @@ from accel_core.dra.logtext import Throttle, cut
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
+from accel_core.tasks import queued_until
 from accel_core.watch import STOP, wake
 
 log = logging.getLogger(__name__)
@@ -118,15 +119,8 @@ class DeviceStatusWriter:
     async def run(self, stop: asyncio.Event) -> None:
         """Write queued claims until ``stop``."""
         self._loop = asyncio.get_running_loop()
-        stopping = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
-                getting = asyncio.create_task(self._queue.get())
-                await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not getting.done():
-                    getting.cancel()
-                    return
-                due, claim = getting.result()
+            async for due, claim in queued_until(self._queue, stop):
                 wait = due - self._loop.time()
                 if wait > 0 and await wake(stop, timeout=wait) == STOP:
                     return
@@ -137,7 +131,6 @@ class DeviceStatusWriter:
                 await self._write(claim, stop)
         finally:
             self._loop = None
-            stopping.cancel()
 
     async def _write(self, claim: PreparedClaim, stop: asyncio.Event) -> None:
         pause = RETRY_SECONDS
