@@ -1,4 +1,5 @@
-"""``<driver> handoff``: the charts' pre-delete hook, so ``helm uninstall`` hands the nodes to the device plugin at once.
+"""``<driver> handoff``: the charts' pre-delete hook, so ``helm uninstall`` hands the nodes to the device plugin
+at once.
 
 ``helm uninstall`` deletes a release's DaemonSet, service account and RBAC in one sweep, and the driver pods are
 stopped only afterwards, without the right to delete their ResourceSlices; the kubelet wipes those 30 s later, and

@@ -84,7 +84,7 @@ def chart_objects(control_plane: ControlPlane, client: Client, chart: Path, flag
                 client.delete(type(obj), meta.name, namespace=meta.namespace)  # type: ignore[arg-type]
         for obj in created:  # leave no terminating namespace behind for the next test module
             if isinstance(obj, Namespace) and obj.metadata is not None and obj.metadata.name:
-                _wait_gone(client, obj.metadata.name)
+                wait_namespace_gone(client, obj.metadata.name)
 
 
 def _wait_not_terminating(client: Client, name: str, timeout: float = 120) -> None:
@@ -103,7 +103,8 @@ def _wait_not_terminating(client: Client, name: str, timeout: float = 120) -> No
     raise AssertionError(f"namespace {name} still terminating after {timeout}s")
 
 
-def _wait_gone(client: Client, name: str, timeout: float = 120) -> None:
+def wait_namespace_gone(client: Client, name: str, timeout: float = 120) -> None:
+    """Until namespace ``name`` is deleted (AssertionError after ``timeout`` s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -113,6 +114,7 @@ def _wait_gone(client: Client, name: str, timeout: float = 120) -> None:
                 return
             raise
         time.sleep(0.5)
+    raise AssertionError(f"namespace {name} still there after {timeout}s")
 
 
 def pod_bound_kubeconfig(control_plane: ControlPlane, client: Client, kind: DriverKind, node: str,

@@ -38,11 +38,11 @@ import yaml
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import Daemon, RealNode
 from dra_support import NEURON as NEURON_DRIVER
-from dra_support import chart_objects, node_slices
+from dra_support import chart_objects, node_slices, wait_namespace_gone
 from kube_helpers import cdi_edits, pcie_root_of_uverbs, pod_events
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from runtime_helpers import REPO, Helm, rig_flags, running_1_of_1
 
@@ -142,7 +142,7 @@ def apply_example(client: Client, rel: str, namespace: str) -> Applied:
     for doc in example_docs(rel):
         obj = codecs.from_dict(doc)
         if doc["kind"] == "Namespace":
-            _wait_namespace_gone(client, doc["metadata"]["name"])
+            wait_namespace_gone(client, doc["metadata"]["name"])
             client.create(obj)
             applied.objects.append((obj, None))
             continue
@@ -197,21 +197,10 @@ def delete_example(client: Client, applied: Applied, wait: Wait) -> float:
     elapsed = time.monotonic() - t0
     for obj, ns in applied.objects:
         if ns is None:
-            _wait_namespace_gone(client, obj.metadata.name)
+            wait_namespace_gone(client, obj.metadata.name)
     return elapsed
 
 
-def _wait_namespace_gone(client: Client, name: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            client.get(Namespace, name)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return
-            raise
-        time.sleep(0.5)
-    raise AssertionError(f"namespace {name} still there after {timeout}s")
 
 
 # -- what a container got, read from its own process ----------------------------------------------------------------
