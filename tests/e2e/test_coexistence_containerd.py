@@ -11,20 +11,30 @@ p5.48xlarge has 32 EFA devices; a trn2.48xlarge 16 Trainium2 devices, 64 logical
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import RealNode
-from lightkube import ApiError, Client, KubeConfig
-from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Event, Pod
-from lightkube.resources.resource_v1 import ResourceSlice
-from runtime_helpers import REPO, Helm, allocatable, applied, ds_row, rig_flags, workload_docs
+from lightkube import Client
+from lightkube.resources.core_v1 import Pod
+from runtime_helpers import (
+    REPO,
+    Helm,
+    allocatable,
+    applied,
+    delete_pod,
+    ds_pod,
+    ds_row,
+    node_events,
+    pod_ready,
+    rig_flags,
+    sampled,
+    slice_devices,
+    workload_docs,
+)
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeletnode import CONTAINERD
@@ -39,76 +49,6 @@ P5_EFA, TRN2_DEVICES, TRN2_CORES_LNC2 = 32, 16, 64
 @pytest.fixture
 def helm(control_plane: ControlPlane, tmp_path: Any) -> Helm:
     return Helm(control_plane, tmp_path / "helm")
-
-
-def slice_devices(client: Client, node: str, driver: str) -> int:
-    return sum(len(s.spec.devices or []) for s in client.list(ResourceSlice)
-               if s.spec.nodeName == node and s.spec.driver == driver)
-
-
-@dataclass
-class Sides:
-    """Samples both sides of one node every 0.25 s in a thread of its own (its own API client)."""
-
-    kubeconfig: str
-    node: str
-    resource: str
-    driver: str
-    samples: list[tuple[float, int, int]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self._client = Client(KubeConfig.from_file(self.kubeconfig))
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            with contextlib.suppress(ApiError, OSError):
-                self.samples.append((time.monotonic(), allocatable(self._client, self.node, self.resource),
-                                     slice_devices(self._client, self.node, self.driver)))
-
-    def both(self) -> list[tuple[float, int, int]]:
-        return [s for s in self.samples if s[1] > 0 and s[2] > 0]
-
-    def plugin_max_since(self, since: float) -> int:
-        return max((s[1] for s in self.samples if s[0] >= since), default=0)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        assert self.both() == [], f"both sides served {self.node} at once: {self.both()[:5]}"
-
-
-@contextlib.contextmanager
-def sampled(control_plane: ControlPlane, node: str, resource: str, driver: str) -> Iterator[Sides]:
-    sides = Sides(str(control_plane.admin_kubeconfig), node, resource, driver)
-    try:
-        yield sides
-    finally:
-        sides.stop()
-
-
-def ds_pod(client: Client, namespace: str, ds: str) -> Pod | None:
-    selector = client.get(DaemonSet, ds, namespace=namespace).spec.selector.matchLabels
-    pods = [p for p in client.list(Pod, namespace=namespace, labels=selector)
-            if p.metadata.deletionTimestamp is None]
-    return pods[0] if pods else None
-
-
-def pod_ready(pod: Pod | None) -> bool:
-    statuses = (pod.status.containerStatuses or []) if pod is not None and pod.status is not None else []
-    return bool(statuses) and all(s.ready for s in statuses)
-
-
-def node_events(client: Client, node: str, reason: str) -> list[Event]:
-    return [e for e in client.list(Event, namespace="default")
-            if e.involvedObject.kind == "Node" and e.involvedObject.name == node and e.reason == reason]
-
-
-def delete_pod(client: Client, pod: Pod) -> None:
-    assert pod.metadata is not None
-    client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace)
 
 
 def test_neuron_device_plugin_and_dra_driver_on_one_trn2(kubelet_node: NodeFactory, kube_client: Client,

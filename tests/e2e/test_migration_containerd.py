@@ -29,8 +29,19 @@ from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceSlice
-from runtime_helpers import BUSYBOX, SHOW, Helm, allocatable, container_view, device_plugin_pod, ds_row, running_1_of_1
-from test_coexistence_containerd import node_events, pod_ready, sampled
+from runtime_helpers import (
+    BUSYBOX,
+    SHOW,
+    Helm,
+    allocatable,
+    container_view,
+    device_plugin_pod,
+    ds_row,
+    node_events,
+    pod_ready,
+    running_1_of_1,
+    sampled,
+)
 
 from accel_core.devtools.controlplane import ControlPlane
 from accel_core.devtools.kubeletnode import CONTAINERD
