@@ -28,7 +28,10 @@ import yaml
 from chart_render import EFA_CHART, NEURON_CHART, find_or_build_helm, template
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import Secret
 from lightkube.resources.resource_v1 import DeviceClass
+from runtime_helpers import Helm
 
 from accel_core.devtools.certs import issue, make_ca
 from accel_core.devtools.controlplane import ControlPlane
@@ -224,3 +227,39 @@ def test_while_the_webhook_is_down(kube_client: Client, namespace: str, daemon: 
         time.sleep(3)  # the configuration is picked up within a few seconds; with Ignore there is nothing to wait on
         admitted = kubectl_apply(neuron_template("down-bad", namespace, lnc(3)))
         assert admitted.returncode == 0, admitted.stderr
+
+
+def test_upgrades_keep_the_certificate_until_a_third_of_its_life_is_left(
+        control_plane: ControlPlane, kube_client: Client, tmp_path: Path) -> None:
+    """The chart's CA and serving certificate survive `helm upgrade` (lookup); once less than a third of their
+    lifetime is left (the Secret's tls-not-after annotation) an upgrade makes new ones, the configuration's caBundle
+    follows and the pods roll (their template's checksum changes)."""
+    helm = Helm(control_plane, tmp_path)
+    name, ns = "neuron-dra-driver-admission-webhook", "neuron-dra-driver"
+    install = ("upgrade", "--install", "neuron-helm-chart", str(NEURON_CHART), "--namespace", ns, "--create-namespace",
+               "--set", "devicePlugin.enabled=false", "--set", "npd.enabled=false", "--set", "draDriver.enabled=true",
+               "--set", "draDriver.admissionWebhook.enabled=true",
+               "--set", "draDriver.handoffOnUninstall=false")  # its pre-delete Job needs a node to run on
+
+    def state() -> tuple[str, str, str]:
+        secret = kube_client.get(Secret, f"{name}-tls", namespace=ns).to_dict()
+        bundle = kube_client.get(ValidatingWebhookConfiguration, name).to_dict()["webhooks"][0]["clientConfig"]
+        checksum = kube_client.get(Deployment, name, namespace=ns).to_dict()["spec"]["template"]["metadata"][
+            "annotations"]["checksum/tls"]
+        return secret["data"]["ca.crt"], bundle["caBundle"], checksum
+
+    helm(*install)
+    try:
+        first = state()
+        assert first[0] == first[1]
+        helm(*install)
+        assert state() == first  # kept
+        now = int(time.time())
+        kube_client.patch(Secret, f"{name}-tls", namespace=ns, obj={"metadata": {"annotations": {
+            "accel-dra.aws/tls-not-before": str(now - 90 * 86400),
+            "accel-dra.aws/tls-not-after": str(now + 20 * 86400)}}})
+        helm(*install)
+        renewed = state()
+        assert renewed[0] == renewed[1] and renewed[0] != first[0] and renewed[2] != first[2]
+    finally:
+        helm("uninstall", "neuron-helm-chart", "--namespace", ns)
