@@ -1,5 +1,6 @@
 {{/* One DRA driver's objects: ServiceAccount, ClusterRole and binding, the own-node ValidatingAdmissionPolicy and
-     binding, DeviceClass, metrics Service (when metrics.enabled) and the kubelet-plugin DaemonSet.
+     binding, DeviceClass, metrics Service (when metrics.enabled), the opaque-config admission webhook (when
+     admissionWebhook.enabled, _admission.tpl) and the kubelet-plugin DaemonSet.
 
      Call with (dict "root" $ "d" DRIVER); DRIVER is a dict:
        driverName          the DRA driver name (ResourceSlice spec.driver), e.g. neuron.aws.com
