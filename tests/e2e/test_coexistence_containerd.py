@@ -48,7 +48,7 @@ P5_EFA, TRN2_DEVICES, TRN2_CORES_LNC2 = 32, 16, 64
 
 @pytest.fixture
 def helm(control_plane: ControlPlane, tmp_path: Any) -> Helm:
-    return Helm(control_plane, tmp_path / "helm")
+    return Helm(control_plane, tmp_path / "helm", hooks=True)
 
 
 def test_neuron_device_plugin_and_dra_driver_on_one_trn2(kubelet_node: NodeFactory, kube_client: Client,

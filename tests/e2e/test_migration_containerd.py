@@ -109,7 +109,7 @@ EFA = Kind("EFA", "p5.48xlarge", "vpc.amazonaws.com/efa", "efa.aws.com", "efa.aw
 
 @pytest.fixture
 def helm(control_plane: ControlPlane, tmp_path: Any) -> Helm:
-    return Helm(control_plane, tmp_path / "helm")
+    return Helm(control_plane, tmp_path / "helm", hooks=True)
 
 
 def slice_names(client: Client, node: str, kind: Kind) -> set[str]:
