@@ -11,7 +11,12 @@ bytes for resourceslices and nodes) and its CPU time (``/proc``):
 - idle: ``--idle`` seconds with N open watches;
 - health: one device per node turns unhealthy at once (a fleet-wide event): one UPDATE per node;
 - rollout: every publisher stops and a new one starts with a new ``draDriverVersion`` (a DaemonSet update with all
-  pods replaced at once): GET, LIST, UPDATE, WATCH each.
+  pods replaced at once): GET, LIST, UPDATE, WATCH each;
+- labels (``--label-watch on``): every Node gets a ``topology.k8s.aws/network-node-layer-1`` label (one PATCH per
+  node, by the bench), and each driver's Node watch turns it into ``networkNodeLayer1`` on its devices (one UPDATE).
+
+``--label-watch off,on`` runs each size twice in turn: without, then with each driver's watch on its own Node
+(:class:`accel_core.dra.nodelabels.NodeLabelWatch`, the driver's one GET and WATCH of its Node).
 
 How this differs from N processes: the publishers share ``--procs`` event loops and the client side's CPU (the
 2 cores here), so time to converge is bounded by the clients, not the API server, and is an upper bound; each real
@@ -37,6 +42,7 @@ from pathlib import Path
 import psutil
 from fleet_common import Clients, cpu_seconds, create_node, fleet_sizes, parallel, rss_gib
 from fleet_publishers import worker
+from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from accel_core.devtools.controlplane import ControlPlane
@@ -91,11 +97,19 @@ def command(conns: list[Connection], what: str) -> tuple[float, float]:
     return time.perf_counter() - t0, float(sum(rss for _, rss in answers))
 
 
-def run_size(cp: ControlPlane, clients: Clients, nodes: list[str], procs: int, idle: float) -> None:
+def label_nodes(clients: Clients, nodes: list[str], value: str | None) -> None:
+    """Set (None: remove) every Node's network-node-layer-1 label, in parallel."""
+    labels = {"topology.k8s.aws/network-node-layer-1": value}
+    parallel(lambda name: clients.get().patch(Node, name, {"metadata": {"labels": labels}}), nodes)
+
+
+def run_size(cp: ControlPlane, clients: Clients, nodes: list[str], procs: int, idle: float,
+             label_watch: bool = False) -> None:
     n = len(nodes)
     ctx = multiprocessing.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(procs)]
-    workers = [ctx.Process(target=worker, args=(child, str(cp.admin_kubeconfig), nodes[i::procs]), daemon=True)
+    workers = [ctx.Process(target=worker, args=(child, str(cp.admin_kubeconfig), nodes[i::procs], label_watch),
+                           daemon=True)
                for i, (_, child) in enumerate(pipes)]
     for w in workers:
         w.start()
@@ -106,14 +120,20 @@ def run_size(cp: ControlPlane, clients: Clients, nodes: list[str], procs: int, i
     after = scrape(cp)
     report("idle before", n, base, after, idle, rss0, rss0)
     phases = [("install", "start"), ("idle", None), ("health", "health"), ("rollout", "rollout")]
+    if label_watch:
+        phases.append(("labels", "labels"))
     rss = 0.0
     for phase, cmd in phases:
         before = scrape(cp)
+        t0 = time.perf_counter()
         if cmd is None:
             time.sleep(idle)
             seconds = idle
         else:
+            if cmd == "labels":
+                label_nodes(clients, nodes, "nn-bench")
             seconds, rss = command(conns, cmd)
+            seconds = time.perf_counter() - t0
         report(phase, n, before, scrape(cp), seconds, rss, rss0)
         if phase == "install":
             have = {s.spec.nodeName for s in clients.get().list(ResourceSlice) if s.spec and s.spec.devices}
@@ -123,6 +143,8 @@ def run_size(cp: ControlPlane, clients: Clients, nodes: list[str], procs: int, i
         w.join(30)
     names = [s.metadata.name for s in clients.get().list(ResourceSlice) if s.metadata and s.metadata.name]
     parallel(lambda name: clients.get().delete(ResourceSlice, name), names)
+    if label_watch:
+        label_nodes(clients, nodes, None)
 
 
 def main() -> int:
@@ -130,6 +152,7 @@ def main() -> int:
     parser.add_argument("--nodes", default="100", help="fleet sizes, comma-separated, grown in place (500,5000)")
     parser.add_argument("--procs", type=int, default=4, help="worker processes the publishers are spread over")
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of each idle window")
+    parser.add_argument("--label-watch", default="off", help="off, on or off,on: drivers without/with their Node watch")
     args = parser.parse_args()
     sizes = fleet_sizes(parser, args.nodes)
     if missing_binaries(kube_bin_dir()):
@@ -144,7 +167,9 @@ def main() -> int:
             nodes += new
             print(f"{size} trn2.48xlarge nodes ({len(new)} created in {t_nodes:.1f} s), publishers in {args.procs} "
                   f"processes", flush=True)
-            run_size(cp, clients, nodes, args.procs, args.idle)
+            for variant in args.label_watch.split(","):
+                print(f"  label watch {variant}", flush=True)
+                run_size(cp, clients, nodes, args.procs, args.idle, label_watch=variant == "on")
             print(f"  {size} nodes: RSS GiB: {rss_gib(cp)}; load average "
                   f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     return 0

@@ -6,7 +6,9 @@ print. A *shape* rewrites each device of those slices: ``ours`` leaves them alon
 attributes the workload's selectors and constraints read (:func:`needed_attributes`), the ``no-*`` shapes drop one
 part of ours each, and
 ``int-cores-memory`` / ``old-capacity`` add a Neuron device's core count and memory (catalog facts) back to ours,
-as int attributes or as the device capacity published before 0.1.0's change.
+as int attributes or as the device capacity published before 0.1.0's change; ``before-aws-parity`` is ours without
+``resource.kubernetes.io/numaNode`` and ``aws-labels`` ours with the four Node-label attributes (a node labelled
+with EC2 topology and a Capacity Block).
 """
 
 from __future__ import annotations
@@ -151,6 +153,17 @@ def _strings_only_needed(dev: Device, needed: frozenset[str]) -> None:
     dev["attributes"] = {k: v for k, v in dev.get("attributes", {}).items() if "string" not in v or k in needed}
 
 
+#: The attributes AWS's driver takes from the Node's topology labels, with values shaped as EC2 gives them
+#: (network node ids ``nn-`` and a Capacity Block reservation ``cr-`` plus 17 hex digits).
+AWS_LABEL_ATTRIBUTES = {"networkNodeLayer1": "nn-0a1b2c3d4e5f60718", "networkNodeLayer2": "nn-1a1b2c3d4e5f60718",
+                        "networkNodeLayer3": "nn-2a1b2c3d4e5f60718", "capacityBlockId": "cr-0a1b2c3d4e5f60718"}
+
+
+def _aws_labels(dev: Device, needed: frozenset[str]) -> None:
+    """Ours with the Node-label attributes a labelled node's devices carry (:mod:`accel_core.dra.nodelabels`)."""
+    dev.setdefault("attributes", {}).update({k: {"string": v} for k, v in AWS_LABEL_ATTRIBUTES.items()})
+
+
 SHAPES: dict[str, Edit | None] = {
     "ours": None,
     "minimal": _minimal,
@@ -163,6 +176,8 @@ SHAPES: dict[str, Edit | None] = {
     "no-pci": _drop_attrs(*PCI),
     "no-descriptive": _drop_attrs(*DESCRIPTIVE),
     "no-other-strings": _strings_only_needed,
+    "before-aws-parity": _drop_attrs("resource.kubernetes.io/numaNode"),
+    "aws-labels": _aws_labels,
 }
 
 

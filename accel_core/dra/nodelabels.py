@@ -13,6 +13,7 @@ the version is too old (410). Its cost is one watch per node; the scheduler read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from accel_core.backoff import Backoff, wait_or_stop
 from accel_core.dra.devices import MAX_ATTRIBUTE_STRING, MAX_ATTRIBUTES_AND_CAPACITIES, SliceDevice
 from accel_core.logs import kv
+from accel_core.watch import STOP, wake
 
 if TYPE_CHECKING:
     from lightkube import AsyncClient
@@ -73,6 +75,7 @@ class NodeLabelWatch:
         self.read = asyncio.Event()  #: set once the Node was read (or could not be: see :meth:`run`)
         self.requests = 0  #: GETs and watch requests sent (the watch's own reconnects are lightkube's)
         self._backoff = Backoff(backoff_initial, backoff_max)
+        self._version: str | None = None  # the last resourceVersion seen: a new watch resumes from it
 
     def _seen(self, node: Any) -> None:
         labels = node.metadata.labels if node.metadata else None
@@ -84,34 +87,44 @@ class NodeLabelWatch:
             self.on_change()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Follow the Node until ``stop``; never raises for API errors (logged, retried with backoff)."""
+        """Follow the Node until ``stop`` (returns at once then); never raises for API errors (logged, retried
+        with backoff)."""
         from lightkube import ApiError
-        from lightkube.resources.core_v1 import Node
 
-        version: str | None = None
         while not stop.is_set():
+            follow = asyncio.create_task(self._follow())
             try:
-                if version is None:
-                    self.requests += 1
-                    node = await self.client.get(Node, self.node_name)
-                    self._seen(node)
-                    self.read.set()
-                    version = node.metadata.resourceVersion if node.metadata else None
-                self.requests += 1
-                async for event, node in self.client.watch(Node, fields={"metadata.name": self.node_name},
-                                                           resource_version=version):
-                    self._backoff.reset()
-                    if node.metadata and node.metadata.resourceVersion:
-                        version = node.metadata.resourceVersion
-                    if event != "DELETED":
-                        self._seen(node)
-            except asyncio.CancelledError:
-                raise
+                if await wake(stop, tasks=(follow,)) == STOP:
+                    return
+                follow.result()
             except Exception as exc:  # the API is away, refused us, or our version is too old (410 Gone)
                 if isinstance(exc, ApiError) and exc.status.code == 410:
-                    version = None
+                    self._version = None
                 delay = self._backoff.next()
                 self.read.set()  # publishing must not wait for a Node we cannot read
                 log.warning("cannot follow our Node's labels; retrying", extra=kv(
                     node=self.node_name, error=repr(exc)[:300], retry_in=round(delay, 2)))
                 await wait_or_stop(stop, delay)
+            finally:
+                follow.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await follow
+
+    async def _follow(self) -> None:
+        """Read the Node (unless a version to resume from is known), then watch it from that version."""
+        from lightkube.resources.core_v1 import Node
+
+        if self._version is None:
+            self.requests += 1
+            node = await self.client.get(Node, self.node_name)
+            self._seen(node)
+            self.read.set()
+            self._version = node.metadata.resourceVersion if node.metadata else None
+        self.requests += 1
+        async for event, node in self.client.watch(Node, fields={"metadata.name": self.node_name},
+                                                   resource_version=self._version):
+            self._backoff.reset()
+            if node.metadata and node.metadata.resourceVersion:
+                self._version = node.metadata.resourceVersion
+            if event != "DELETED":
+                self._seen(node)

@@ -324,9 +324,11 @@ def test_driver_credentials_allow_only_what_the_code_uses(
                      "devices": [{"name": "d0"}]}}
     limited = Client(KubeConfig.from_file(kubeconfig), field_manager="rbac-probe")
     try:
-        # what the driver does: GET its claim and its Node; list, watch, create, update, delete its slices
+        # what the driver does: GET its claim, GET and watch its Node; list, watch, create, update, delete its slices
         assert limited.get(ResourceClaim, "c", namespace=namespace).metadata.name == "c"  # type: ignore[union-attr]
         assert limited.get(Node, node).metadata.name == node  # type: ignore[union-attr]
+        _, seen = next(iter(limited.watch(Node, fields={"metadata.name": node}, resource_version="0")))  # its labels
+        assert seen.metadata.name == node  # type: ignore[union-attr]
         made = limited.create(codecs.from_dict(mine))  # type: ignore[call-overload]
         name = made.metadata.name
         assert [s.metadata.name for s in limited.list(ResourceSlice, fields={"spec.nodeName": node})] == [name]

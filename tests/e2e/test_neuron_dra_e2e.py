@@ -488,4 +488,6 @@ def test_trn2_numa_node_and_node_label_attributes_follow_the_node(
     assert time.monotonic() - started < 10, "the removed label took more than 10 s to leave the slice"
     [final] = node_slices(kube_client, node)
     assert all(d["attributes"]["capacityBlockId"] == {"string": "cr-0123abcd"} for d in final["spec"]["devices"])
+    started = time.monotonic()
     assert driver.stop() == 0, driver.tail()
+    assert time.monotonic() - started < 4, "the Node watch held up the driver's exit"
