@@ -129,8 +129,14 @@ def test_trn2_four_connected_neuron_devices_get_exactly_their_efas(
     kube_client: Client, fake_node: FakeNode, start: Callable[[DriverKind, str, str], DriverProcess],
     namespace: str, wait: Wait,
 ) -> None:
-    node = fake_node(labels={"node.kubernetes.io/instance-type": "trn2.48xlarge"})
+    # a node with EC2's network topology label: both drivers' devices carry it, the seed's templates allocate as before
+    node = fake_node(labels={"node.kubernetes.io/instance-type": "trn2.48xlarge",
+                             "topology.k8s.aws/network-node-layer-3": "nn-e2e-3"})
     efa, neuron = both_drivers(start, kube_client, node, "trn2.48xlarge", 16, wait)
+    for driver in (efa, neuron):
+        devices = [d for s in node_slices(kube_client, node, driver.kind.driver) for d in s["spec"]["devices"]]
+        assert len(devices) == 16 and all(d["attributes"]["networkNodeLayer3"] == {"string": "nn-e2e-3"}
+                                          and "resource.kubernetes.io/numaNode" in d["attributes"] for d in devices)
     for name in ("trn2-4-neurons-with-their-efa.yaml", "1-neuron-with-its-efa.yaml"):
         create(kube_client, next(d for d in examples(name) if d["kind"] == "ResourceClaimTemplate"), namespace)
     kubelet = KubeletStandIn(efa.kubelet_root)
