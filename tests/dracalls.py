@@ -8,6 +8,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+from lightkube.resources.resource_v1 import ResourceClaim
+
 from accel_core.dra.config import OpaqueEntry, configs_for_requests
 from accel_core.dra.driver import DraDriver
 from accel_core.dra.plugin import DraPlugin, Results
@@ -52,3 +55,18 @@ def configs(profile: DraProfile[Any, Any], entries: Sequence[OpaqueEntry], reque
     """Each request's effective config as the driver decodes a claim's: the core's precedence, the profile's decoder."""
     return configs_for_requests(entries, requests, driver=profile.driver_name, decode=profile.decode_config,
                                 default=profile.default_config)
+
+
+class DictClaimReader:
+    """Claims kept as API dicts by (namespace, name), read on production's blocking path (``read_blocking``, in the
+    prepare thread) and by asyncio callers (``read``)."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+        return self.read_blocking(namespace, name)
+
+    def read_blocking(self, namespace: str, name: str) -> ResourceClaim | None:
+        found = self.claims.get((namespace, name))
+        return None if found is None else msgspec.convert(found, ResourceClaim)

@@ -12,11 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
-from dracalls import prepare_one, unprepare_one
+from dracalls import DictClaimReader, prepare_one, unprepare_one
 from hostcache import shared_host
-from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
@@ -34,18 +32,6 @@ DRIVERS: dict[str, tuple[str, Callable[[], DraProfile[Any, Any]]]] = {
     "neuron.aws.com": ("trn2.48xlarge", NeuronProfile), "efa.aws.com": ("p5.48xlarge", EfaProfile)}
 
 
-class Reader:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        return self.read_blocking(namespace, name)
-
-    def read_blocking(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)
-
-
 class Rig:
     def __init__(self, tmp_path: Path, driver: str) -> None:
         instance_type, profile_type = DRIVERS[driver]
@@ -57,7 +43,7 @@ class Rig:
         scan = self.profile.scan(self.paths, "1.0.0")
         self.inventory = scan.inventory
         self.devices = [d.name for d in scan.devices][:2]
-        self.reader = Reader()
+        self.reader = DictClaimReader()
         self.restart()
 
     def restart(self) -> None:

@@ -15,11 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
-from dracalls import prepare, prepare_one, unprepare_one
+from dracalls import DictClaimReader, prepare, prepare_one, unprepare_one
 from hostcache import shared_host
-from lightkube.resources.resource_v1 import ResourceClaim
 
 import accel_core.dra.cdi as cdi_module
 import accel_core.dra.checkpoint as checkpoint_module
@@ -39,18 +37,6 @@ def _full(*_: Any, **__: Any) -> Any:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-class Reader:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        return self.read_blocking(namespace, name)
-
-    def read_blocking(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)
-
-
 class Rig:
     """One EFA driver on a p5 fake host; ``full(checkpoint=..., cdi=..., unlink=...)`` makes writes fail."""
 
@@ -63,7 +49,7 @@ class Rig:
         scan = self.profile.scan(self.paths, "1.0.0")
         self.inventory = scan.inventory
         self.devices = [d.name for d in scan.devices]
-        self.reader = Reader()
+        self.reader = DictClaimReader()
         self.restart()
 
     def restart(self) -> None:
