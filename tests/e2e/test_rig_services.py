@@ -60,7 +60,9 @@ def test_pods_resolve_and_reach_a_service_on_their_node_and_another(
     wait(lambda: kube_client.get(Pod, "web", namespace=namespace).status.podIP, "the web pod's address", timeout=120)
     cluster_ip = kube_client.get(Service, "web", namespace=namespace).spec.clusterIP
     full = f"web.{namespace}.svc.cluster.local"
-    script = (f"cat /etc/resolv.conf; nslookup {full}; nslookup nosuch.{namespace}.svc.cluster.local; "
+    # the node's view of the Services refreshes every 2 s (later on a loaded machine): ask until it answers
+    script = (f"cat /etc/resolv.conf; for i in $(seq 30); do nslookup {full} > /tmp/ns 2>&1 && break; sleep 1; "
+              f"done; cat /tmp/ns; nslookup nosuch.{namespace}.svc.cluster.local; "
               # the endpoint becomes ready after the readiness probe; the node's view refreshes every 2 s
               "for i in $(seq 30); do timeout 5 wget -q -O /tmp/page http://web:8081/ && break; sleep 1; done; "
               f"echo short=$(cat /tmp/page); echo svc=$(timeout 5 wget -q -O - http://web.{namespace}.svc:8081/)")
