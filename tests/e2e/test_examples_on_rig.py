@@ -468,7 +468,10 @@ def test_scheduler_extender_chart_runs_my_scheduler(control_plane: ControlPlane,
         print(f"\n[rig] my-scheduler, neuron: 1 pod: {events}")
         assert kube_client.get(Pod, "neuron-1", namespace=namespace).spec.nodeName == trn2.name
         assert any(r == "Scheduled" for r, _ in events), events
-        assert not any(r == "FailedScheduling" for r, _ in events), events
+        # A filter call made before the node's view of the Service has the extender's endpoint (refreshed every 2 s)
+        # fails and the scheduler retries (CI saw one "connection reset by peer"); only the extender may be named.
+        failed = [m for r, m in events if r == "FailedScheduling"]
+        assert all("neuron-scheduler-extender" in m for m in failed), events
         # the extender answered my-scheduler's filter call for it, passing the node (its own log)
         (extender,) = [p.metadata.name for p in kube_client.list(
             Pod, namespace="kube-system", labels={"app.kubernetes.io/name": "neuron-scheduler-extender"})]
