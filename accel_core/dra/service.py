@@ -320,27 +320,32 @@ class DraService:
             if not self.plugin.registered_once.is_set():
                 log.warning("the kubelet has not registered the plugin yet; publishing the ResourceSlices anyway",
                             extra=kv(driver=self.driver_name, waited_seconds=self.registration_wait))
-        if self._sharing_logged and await self._wait_device_plugin_drained(stop):
+        if await self._wait_device_plugin_drained(stop):
             return
         if self.node_labels is not None:  # publish with the label attributes, not once without, once with
             await wake(stop, self.node_labels.read, timeout=NODE_LABELS_WAIT_S)
         await self.publisher.run(stop)
 
     async def _wait_device_plugin_drained(self, stop: asyncio.Event) -> bool:
-        """The device plugin is on this node too: it stands down as soon as it sees our registration, and the
-        kubelet then reports none of its resources allocatable. Publish only after that (at most DRAIN_WAIT_S), so
-        the scheduler never sees the same devices on both sides. Returns True when ``stop`` came first."""
+        """A device plugin of this hardware may have served the node until now (it stands down as soon as it sees
+        our registration, or its pod was just removed from the node by a migration label), and the Node's
+        allocatable still offers its resources until the kubelet's next status update. Publish only once none is
+        allocatable (one Node read where none ever was; at most DRAIN_WAIT_S), so the scheduler never sees the same
+        devices on both sides. Returns True when ``stop`` came first."""
         resources = self.profile.scanner.coexistence.device_plugin_resources
         if self.client is None or not resources:
             return False
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DRAIN_WAIT_S
+        waited = False
         while loop.time() < deadline:
             try:
                 if await device_plugin_drained(self.client, self.node_name, resources):
-                    log.info("the device plugin has stood down (none of its resources allocatable); publishing",
-                             extra=kv(driver=self.driver_name))
+                    if waited:
+                        log.info("the device plugin has stood down (none of its resources allocatable); "
+                                 "publishing", extra=kv(driver=self.driver_name))
                     return False
+                waited = True
             except Exception as exc:  # noqa: BLE001 - the API may be away: keep waiting, then publish
                 log.debug("cannot read our Node yet", extra=kv(error=exc))
             if await wake(stop, timeout=0.5) == STOP:
