@@ -27,7 +27,7 @@ import ctypes
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 CLONE_NEWNET = 0x40000000
 
@@ -39,35 +39,33 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def listen_in(netns: str, addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
-    """Listening sockets bound inside the network namespace ``netns``; the caller's namespace is restored."""
+@contextlib.contextmanager
+def _inside(netns: str) -> Iterator[None]:
+    """Run the block inside the network namespace ``netns``; the calling thread's namespace is restored after."""
     own = os.open("/proc/self/ns/net", os.O_RDONLY)
     target = os.open(netns, os.O_RDONLY)
     try:
         _setns(target)
         try:
-            return [socket.create_server(addr, reuse_port=False) for addr in addresses]
+            yield
         finally:
             _setns(own)
     finally:
         os.close(own)
         os.close(target)
+
+
+def listen_in(netns: str, addresses: Sequence[tuple[str, int]]) -> list[socket.socket]:
+    """Listening sockets bound inside the network namespace ``netns``; the caller's namespace is restored."""
+    with _inside(netns):
+        return [socket.create_server(addr, reuse_port=False) for addr in addresses]
 
 
 def socket_in(netns: str) -> socket.socket:
     """A non-blocking TCP socket made inside the network namespace ``netns`` (it connects there); the calling
     thread's namespace is restored before this returns."""
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(netns, os.O_RDONLY)
-    try:
-        _setns(target)
-        try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        finally:
-            _setns(own)
-    finally:
-        os.close(own)
-        os.close(target)
+    with _inside(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setblocking(False)
     return sock
 
@@ -75,22 +73,13 @@ def socket_in(netns: str) -> socket.socket:
 def udp_socket_in(netns: str, address: tuple[str, int]) -> socket.socket:
     """A UDP socket bound to ``address`` inside the network namespace ``netns``; the caller's namespace is
     restored."""
-    own = os.open("/proc/self/ns/net", os.O_RDONLY)
-    target = os.open(netns, os.O_RDONLY)
-    try:
-        _setns(target)
+    with _inside(netns):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            try:
-                sock.bind(address)
-            except OSError:
-                sock.close()
-                raise
-        finally:
-            _setns(own)
-    finally:
-        os.close(own)
-        os.close(target)
+            sock.bind(address)
+        except OSError:
+            sock.close()
+            raise
     sock.setblocking(False)
     return sock
 
