@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -124,3 +125,14 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     if mine and item.stash.get(_CALL_PASSED, False):
         layers = [c.parent / f".{c.name}.overlay" for c in mine]
         subprocess.run(["rm", "-rf", "--", *map(str, mine), *map(str, layers)], check=False)
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging() -> Iterator[None]:
+    """A daemon's main run in-process points the root logger at that test's captured stderr (``setup_logging``);
+    put the handlers back, so a later test's log line never goes to a closed stream ("--- Logging error ---")."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

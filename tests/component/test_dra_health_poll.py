@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -59,10 +60,18 @@ class SysfsLikeEfaScanner(EfaScanner):
 
 
 def write_in_place(path: Path, text: str) -> None:
-    """Change a file as sysfs changes an attribute: same inode (``open`` truncates, no rename)."""
-    with path.open("r+") as f:
-        f.truncate(0)
-        f.write(text)
+    """Change a file as sysfs changes an attribute: same inode, no rename, and never seen empty or half-written.
+    Truncate-then-write would let the 0.75 s poll read an empty file in between (a "malformed" host problem and one
+    more scan than the change itself); instead one write over the old bytes, a shorter value padded with blanks
+    before its newline (the readers strip them)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        old = os.fstat(fd).st_size
+        body = text.rstrip("\n")
+        data = (body.ljust(old - 1) + "\n").encode() if len(text) < old else text.encode()
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
 
 
 class Rig:
