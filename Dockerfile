@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for every daemon of aws-accel-agents: efa-device-plugin, efa-dra-driver, neuron-device-plugin,
 # neuron-dra-driver, neuron-scheduler-extender (and the read-only inspection commands). The Helm charts pick the
-# daemon with `command:`. The dev-only code (accel_core/fakehost, accel_core/devtools) is left out by .dockerignore:
+# daemon with `command:`. The dev-only code (accel_core/fakehost, rig/accel_rig) is left out by .dockerignore:
 # no daemon needs it.
 #
 #   make image                                   # no registry: buildah, FROM a Debian bookworm + python3.11 base made
@@ -28,8 +28,8 @@ COPY efa_plugin ./efa_plugin
 COPY neuron_dra ./neuron_dra
 # pip: the venv's own where the base has ensurepip (python:*-slim), else the pip wheel of the wheelhouse run as a
 # zip (a Debian python3 has neither ensurepip nor pip, by design). The project itself is built from this source
-# (PIP_ONLY_BINARY covers its dependencies; the project is a local directory). Then pip, setuptools and the dev
-# tools' console scripts go: their modules are not in the image.
+# (PIP_ONLY_BINARY covers its dependencies; the project is a local directory). Then pip, setuptools and the
+# fake-sysfs console script go: its module is not in the image.
 # hadolint ignore=SC2086
 RUN if python3 -c "import ensurepip" 2>/dev/null; then \
         python3 -m venv /opt/venv && pip="/opt/venv/bin/python -m pip"; \
@@ -41,7 +41,7 @@ RUN if python3 -c "import ensurepip" 2>/dev/null; then \
     && rm -rf /opt/venv/bin/pip* /opt/venv/lib/python3*/site-packages/pip /opt/venv/lib/python3*/site-packages/pip-* \
         /opt/venv/lib/python3*/site-packages/setuptools* /opt/venv/lib/python3*/site-packages/_distutils_hack \
         /opt/venv/lib/python3*/site-packages/distutils-precedence.pth /opt/venv/lib/python3*/site-packages/pkg_resources \
-        /opt/venv/bin/fake-sysfs /opt/venv/bin/accel-demo /opt/venv/bin/accel-cluster
+        /opt/venv/bin/fake-sysfs
 
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/venv /opt/venv

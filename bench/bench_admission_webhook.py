@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from accel_core.devtools.certs import issue, make_ca
+from accel_rig.certs import issue, make_ca
 
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
     "uid": "b0e7c4f2-0d3a-4c51-9a55-1f6c8d2e7a90",

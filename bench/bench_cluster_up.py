@@ -14,8 +14,8 @@ import statistics
 import sys
 import time
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.controlplane_errors import ControlPlaneError
+from accel_rig.controlplane import ControlPlane
+from accel_rig.controlplane_errors import ControlPlaneError
 
 
 def main() -> int:

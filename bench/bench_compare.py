@@ -33,9 +33,8 @@ from pathlib import Path
 
 import compare_dp
 import compare_dra
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from compare_common import REPO, Table, Versus, baseline_tree, missing_peers, peers_bin_dir
-
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 
 PACKAGES = ("accel_core", "efa_plugin", "neuron_dra")
 

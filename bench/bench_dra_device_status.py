@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from accel_rig.controlplane import ControlPlane  # noqa: E402
 from compare_common import console_script, p50, pct  # noqa: E402
 from compare_dra import Driver, allocated_claim, prepare, start, stop  # noqa: E402
 from lightkube import Client, KubeConfig  # noqa: E402
 from lightkube.resources.resource_v1 import ResourceClaim  # noqa: E402
 
-from accel_core.devtools.controlplane import ControlPlane  # noqa: E402
 from accel_core.fakehost import build_host  # noqa: E402
 
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
+from accel_rig.kubelet_standin import KubeletStandIn
 from prometheus_client import CollectorRegistry, generate_latest
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.metrics import CallbackCollector

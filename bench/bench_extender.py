@@ -172,7 +172,8 @@ def simulate(with_extender: bool, nodes: int, arrivals: int, seed: int, departur
 
 def annotation_latency(changes: int) -> tuple[float, float]:
     """(p50 ms, p99 ms) from an Allocate to the API server accepting the new device-usage annotation."""
-    from accel_core.devtools.controlplane import ControlPlane
+    from accel_rig.controlplane import ControlPlane
+
     from accel_core.fakehost import build_host
     from accel_core.ownnode import OwnNode
     from accel_core.paths import HostPaths

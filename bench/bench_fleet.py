@@ -29,13 +29,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from compare_common import console_script, rss_mib
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Pod, ServiceAccount
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 from accel_core.fakehost import build_host
 
 DRIVER = "neuron.aws.com"

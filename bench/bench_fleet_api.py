@@ -40,13 +40,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import psutil
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from fleet_common import Clients, cpu_seconds, create_node, fleet_sizes, parallel, rss_gib
 from fleet_publishers import worker
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 
 RESOURCES = ("resourceslices", "nodes")
 #: counters summed over RESOURCES (watch events: as sent to each watcher)

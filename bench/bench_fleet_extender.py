@@ -30,14 +30,14 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path[1:1] = [str(REPO / "tests" / "e2e"), str(REPO / "tests")]  # the e2e test's chart TLS helpers
 
+from accel_rig.controlplane import ControlPlane  # noqa: E402
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries  # noqa: E402
 from bench_extender import _random_state  # noqa: E402
 from chart_render import NEURON_CHART, find_or_build_helm, template  # noqa: E402
 from compare_common import console_script, rss_mib  # noqa: E402
 from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods  # noqa: E402
 from test_scheduler_extender_e2e import chart_tls, scheduler_config  # noqa: E402
 
-from accel_core.devtools.controlplane import ControlPlane  # noqa: E402
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries  # noqa: E402
 from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage  # noqa: E402
 
 NEURON = "aws.amazon.com/neuron"

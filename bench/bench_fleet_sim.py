@@ -37,13 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from fleet_common import Clients, create_node, delete_pods, fleet_sizes, fresh_namespace, parallel, rss_gib, time_pods
 from fleet_lone import delete_claims, fill_half, lone_pods
 from fleet_shapes import SHAPES, Fleet, needed_attributes, replace_strings, reshape
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 
 REPO = Path(__file__).resolve().parent.parent
 MIXES: dict[str, tuple[str, bool, str]] = {  # instance type, EFA slices, default workload

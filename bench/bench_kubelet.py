@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import KubeletNode
+from accel_rig.kubeversions import build_script
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import KubeletNode
-from accel_core.devtools.kubeversions import build_script
 from accel_core.fakehost import build_host
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """Memory of the device plugins across kubelet restarts (issue 25 item 9): each daemon runs as a process (under
-accel_core/devtools/heapprobe.py) against the kubelet stand-in, which restarts (drops the plugins, deletes every
+rig/accel_rig/heapprobe.py) against the kubelet stand-in, which restarts (drops the plugins, deletes every
 socket, listens again) N times; the daemon re-registers each time. Prints the daemon's RSS and its malloc heap in
 use (glibc ``mallinfo2``) after a warm-up and at each quarter.
 
@@ -41,9 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(REPO / "tests"))  # the tests' fake hosts and probed daemon
 
+from accel_rig.heapprobe import growth_report, resident_by_kind  # noqa: E402
 from probed_daemon import ProbedDaemon  # noqa: E402
-
-from accel_core.devtools.heapprobe import growth_report, resident_by_kind  # noqa: E402
 
 DAEMONS = {  # --daemon name -> console script and the instance type of its fake host
     "efa": ("efa-device-plugin", os.environ.get("BENCH_EFA_TYPE", "p4d.24xlarge")),

@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
+from accel_rig.kubelet_standin import KubeletStandIn
+
 from accel_core.fakehost import build_host
 
 NEURON = "aws.amazon.com/neuron"

@@ -31,12 +31,12 @@ from typing import Any
 
 import msgspec
 import psutil
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubelet_standin import KubeletStandIn
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet

@@ -2,7 +2,7 @@
 ``systemctl restart kubelet`` stops the kubelet (its ListAndWatch streams, up since the last start, end with it),
 the new kubelet deletes every socket in device-plugins/, the plugin serves and registers again, and the kubelet
 opens new streams. One real control plane and one kubelet node (fakecri), the daemon as its own process under
-``accel_core/devtools/heapprobe.py``; each restart waits until the kubelet's log shows every resource registered
+``rig/accel_rig/heapprobe.py``; each restart waits until the kubelet's log shows every resource registered
 again, then ``--settle`` seconds.
 
     PYTHONPATH=. .venv/bin/python bench/bench_real_kubelet_restarts.py [--restarts 200] [--warmup 20]
@@ -29,12 +29,12 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(REPO / "tests"))  # the daemons' table
 
+from accel_rig.controlplane import ControlPlane  # noqa: E402
+from accel_rig.heapprobe import growth_report, resident_by_kind, sample, wrap  # noqa: E402
+from accel_rig.kubeletnode import KubeletNode  # noqa: E402
+from accel_rig.polling import poll_until  # noqa: E402
 from probed_daemon import DAEMONS  # noqa: E402
 
-from accel_core.devtools.controlplane import ControlPlane  # noqa: E402
-from accel_core.devtools.heapprobe import growth_report, resident_by_kind, sample, wrap  # noqa: E402
-from accel_core.devtools.kubeletnode import KubeletNode  # noqa: E402
-from accel_core.devtools.polling import poll_until  # noqa: E402
 from accel_core.fakehost import build_host  # noqa: E402
 
 SCRIPTS = {"neuron": "neuron-device-plugin", "efa": "efa-device-plugin"}

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from accel_rig.containerdnode import BUSYBOX_IMAGE
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import CONTAINERD, FAKECRI, KubeletNode
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from accel_core.devtools.containerdnode import BUSYBOX_IMAGE
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import CONTAINERD, FAKECRI, KubeletNode
 from accel_core.fakehost import build_host
 
 REPO = Path(__file__).resolve().parents[1]

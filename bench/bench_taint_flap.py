@@ -26,11 +26,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from lightkube import Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
 from accel_core.fakehost import build_host
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accel_rig.kubelet_standin import KubeletStandIn
 from compare_common import REPO, Row, Table, Versus, cpu_seconds, daemon_argv, free_port, p50, rss_mib
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import FakeHost, build_host
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubelet_standin import DraConnection, KubeletStandIn
 from compare_common import Row, Table, Versus, cpu_seconds, daemon_argv, free_port, p50, rss_mib
 from lightkube import Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubelet_standin import DraConnection, KubeletStandIn
 from accel_core.fakehost import build_host
 
 BATCH = 8

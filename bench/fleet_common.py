@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from accel_rig.controlplane import ControlPlane
 from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace, Node, NodeStatus, Pod, ServiceAccount
 from lightkube.types import PatchType
-
-from accel_core.devtools.controlplane import ControlPlane
 
 WORKERS = 16
 #: vCPU, memory and pods of the instance types the benchmarks use (the EC2 instance type pages)

@@ -28,8 +28,8 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # one GOAWAY line per cycle otherwise
 
 import grpc  # noqa: E402
+from accel_rig.heapprobe import heap_in_use  # noqa: E402
 
-from accel_core.devtools.heapprobe import heap_in_use  # noqa: E402
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # noqa: E402
 

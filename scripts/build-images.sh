@@ -42,7 +42,7 @@ exec 9>"$CACHE/.build.lock"
 flock 9
 start=$(date +%s)
 
-oci() { "$PYTHON" -m accel_core.devtools.ociimage "$@" >/dev/null; }
+oci() { "$PYTHON" -m accel_rig.ociimage "$@" >/dev/null; }
 [[ -f "$CACHE/pause.oci.tar" ]] || oci pause "$RUNTIME/bin/pause" --name example.local/pause:3.10 --out "$CACHE/pause.oci.tar"
 # The busybox the examples name: every distinct busybox image reference under examples/.
 mapfile -t BUSYBOX_ALIASES < <(grep -rhoE 'image: *[^ #"]*busybox[^ #"]*' "$REPO/examples" | sed 's/^image: *//' | sort -u)

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from accel_core.devtools.kubeversions import build_script, kube_bin_dir, kube_cache_root
+from accel_rig.kubeversions import build_script, kube_bin_dir, kube_cache_root
 
 REPO = Path(__file__).resolve().parents[1]
 NEURON_CHART = REPO / "charts" / "neuron-helm-chart"

@@ -1,4 +1,4 @@
-"""A device-plugin daemon as its own process under accel_core/devtools/heapprobe.py, served by the kubelet stand-in:
+"""A device-plugin daemon as its own process under rig/accel_rig/heapprobe.py, served by the kubelet stand-in:
 what the kubelet-restart memory test and benches restart and measure (tests/component/test_kubelet_restart_heap.py,
 bench/bench_kubelet_restarts.py), and the daemons and fake hosts they use (bench/bench_real_kubelet_restarts.py too).
 """
@@ -11,10 +11,9 @@ import subprocess
 from pathlib import Path
 
 import psutil
+from accel_rig.heapprobe import sample, wrap
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
-
-from accel_core.devtools.heapprobe import sample, wrap
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 
 REPO = Path(__file__).resolve().parents[1]
 

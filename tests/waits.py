@@ -1,4 +1,4 @@
-"""Checks to wait on (with :func:`accel_core.devtools.polling.until`) instead of sleeping."""
+"""Checks to wait on (with :func:`accel_rig.polling.until`) instead of sleeping."""
 
 from __future__ import annotations
 

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accel_core.backoff import wait_or_stop
 from accel_core.logs import kv
 from accel_core.watch import ChangeWatcher
+from neuron_dra.extender.certdates import first_pem_der, validity_dates
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,10 @@ class Validity:
 def validity(cert: Path) -> Validity:
     """The first certificate's validity in the PEM file ``cert`` (TlsConfigError naming the file)."""
     try:
-        parsed = x509.load_pem_x509_certificate(cert.read_bytes())
+        not_before, not_after = validity_dates(first_pem_der(cert.read_bytes()))
     except (OSError, ValueError) as exc:
         raise TlsConfigError(f"cannot read server certificate {cert}: {_why(exc)}") from None
-    return Validity(parsed.not_valid_before_utc.timestamp(), parsed.not_valid_after_utc.timestamp())
+    return Validity(not_before, not_after)
 
 
 def expiry_problem(cert: Path, valid: Validity, now: float) -> tuple[int, str] | None:

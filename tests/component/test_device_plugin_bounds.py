@@ -9,9 +9,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 
 from accel_core.deviceplugin import AdvertisedDevice, DevicePluginServer
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.edits import ContainerEdits
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 

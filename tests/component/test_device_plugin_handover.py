@@ -15,11 +15,11 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 from prometheus_client import CollectorRegistry
 
 from accel_core.coexistence import write_presence
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.paths import HostPaths

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
 from accel_core.deviceplugin import AdvertisedDevice, DevicePluginServer
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.edits import ContainerEdits
 from accel_core.instancelock import LOCK_DIR, InstanceConflict, InstanceLock
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn, socket_files
+from accel_rig.polling import until
 from waits import logged
 
 from accel_core.deviceplugin import AdvertisedDevice, AllocationError, DevicePluginServer
-from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
-from accel_core.devtools.polling import until
 from accel_core.edits import ContainerEdits, DeviceNode
 
 RESOURCE = "example.com/widget"

@@ -17,14 +17,14 @@ from typing import Any
 
 import grpc
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn, socket_files
+from accel_rig.polling import poll_until
 from aiohttp import web
 from hostcache import copy_host
 from lightkube import AsyncClient, KubeConfig
 
 import accel_core.dra.cdi as cdi_module
 import accel_core.dra.plugin as plugin_module
-from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
-from accel_core.devtools.polling import poll_until
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet

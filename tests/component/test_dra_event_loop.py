@@ -15,12 +15,12 @@ from typing import Any
 import grpc
 import msgspec
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 from lightkube.resources.resource_v1 import ResourceClaim
 from lockspy import FlockBusySpy
 
 import accel_core.dra.plugin as plugin_module
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.dra.service import DraService
 from accel_core.paths import HostPaths

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from accel_rig.kubelet_standin import KubeletStandIn
+from accel_rig.polling import until
 from hostcache import copy_host
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.devtools.polling import until
 from accel_core.dra.devices import CounterSet, SliceDevice
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.service import DEFAULT_HEALTH_POLL_INTERVAL, DraService

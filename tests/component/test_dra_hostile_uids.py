@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.plugin import DraPlugin

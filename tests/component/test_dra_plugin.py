@@ -11,11 +11,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn, socket_files
 from dracalls import plugin_prepare
 from lockspy import FlockBusySpy
 
 import accel_core.dra.plugin as plugin_module
-from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.plugin import DraPlugin
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
@@ -326,7 +326,7 @@ def test_registration_rejection_is_reported(short_tmp: Path) -> None:
         standin, plugin, _ = await _start(short_tmp)
         plugin.serve_health = False
         # a kubelet that only knows an older API rejects us: the plugin must surface it
-        import accel_core.devtools.kubelet_standin as ks
+        import accel_rig.kubelet_standin as ks
         old = ks.KUBELET_DRA_SERVICES
         ks.KUBELET_DRA_SERVICES = ("v1alpha4.DRAPlugin",)
         try:

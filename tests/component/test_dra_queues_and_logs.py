@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.logtext import LOG_TEXT_MAX, Throttle, cut
 from accel_core.dra.plugin import REGISTRATION_STATUS_KEPT, DraPlugin
 from accel_core.dra.prepared import PreparedClaim

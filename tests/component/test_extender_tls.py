@@ -10,9 +10,9 @@ import ssl
 from pathlib import Path
 
 import pytest
+from accel_rig.certs import issue, make_ca
 from prometheus_client import CollectorRegistry
 
-from accel_core.devtools.certs import issue, make_ca
 from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.cli import main
 from neuron_dra.extender.decide import Decider

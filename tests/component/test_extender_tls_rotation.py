@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from accel_rig.certs import issue, make_ca
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client import CollectorRegistry
 from test_extender_tls import _filter_request, _pki
 
-from accel_core.devtools.certs import issue, make_ca
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.httpserver import HttpServer
 from neuron_dra.extender.service import ExtenderService

@@ -14,10 +14,10 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
 from accel_core.awsfacts import catalog
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 
 REPO = Path(__file__).resolve().parents[2]

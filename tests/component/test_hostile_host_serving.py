@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from accel_rig.kubelet_standin import KubeletStandIn
+from accel_rig.polling import poll_until, until
 from hostcache import copy_host, shared_host
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.devtools.polling import poll_until, until
 from accel_core.fakehost import FakeHost
 
 REPO = Path(__file__).resolve().parents[2]

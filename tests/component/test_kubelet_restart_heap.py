@@ -1,7 +1,7 @@
 """Issue 25 item 9 (guard): across kubelet restarts each device-plugin daemon's native heap and RSS stay flat, and
 it keeps its threads.
 
-The daemon runs as its own process under :mod:`accel_core.devtools.heapprobe` (glibc ``mallinfo2``) against the
+The daemon runs as its own process under :mod:`accel_rig.heapprobe` (glibc ``mallinfo2``) against the
 kubelet stand-in, which restarts once every resource has its first device list (as a kubelet restart finds streams
 that have been up), with the malloc tunables the image gives every daemon (the Dockerfile's ``GLIBC_TUNABLES``):
 glibc's per-thread caches off (chunks cached there count as handed out and fill up over the first thousands of

@@ -9,9 +9,9 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from efa_plugin import RESOURCE_NAME
 from efa_plugin.cli import run_plugin
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.instancelock import LOCK_DIR
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from accel_rig.polling import poll_until
 from hostcache import copy_host
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from accel_core.devtools.polling import poll_until
 from accel_core.metrics_http import MetricsServer
 
 

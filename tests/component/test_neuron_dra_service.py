@@ -14,11 +14,11 @@ from typing import Any
 
 import grpc
 import msgspec
+from accel_rig.kubelet_standin import KubeletStandIn, socket_files
 from cdi_oracle import assert_cdi_accepts
 from hostcache import copy_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.dra.service import DraService
 from accel_core.fakehost import FakeHost

@@ -18,10 +18,10 @@ from typing import Any
 
 import grpc
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn, socket_files
+from accel_rig.polling import until
 from hostcache import copy_host
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn, socket_files
-from accel_core.devtools.polling import until
 from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr

@@ -8,11 +8,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
+from accel_rig.polling import until
 from hostcache import copy_host
 from waits import logged
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.devtools.polling import until
 from neuron_dra.deviceplugin.cli import serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
 

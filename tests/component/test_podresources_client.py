@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.podresources import PodResourcesClient, PodResourcesUnavailable
 

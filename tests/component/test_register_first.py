@@ -12,10 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from accel_rig.kubelet_standin import KubeletStandIn
+from accel_rig.polling import until
 from hostcache import copy_host
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.devtools.polling import until
 from neuron_dra.deviceplugin.cli import early_servers, serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
 

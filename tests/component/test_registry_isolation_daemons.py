@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 from accel_pkgs import write_package
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
-
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 
 REPO = Path(__file__).resolve().parents[2]
 STARTS = 20

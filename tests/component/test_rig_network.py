@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from accel_core.devtools.containerdnode import CNI_PLUGIN
+from accel_rig.containerdnode import CNI_PLUGIN
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -108,7 +107,7 @@ def test_forwarder_carries_a_connection_out_of_the_namespace(namespaces: list[su
     threading.Thread(target=echo, daemon=True).start()
     node = _holder("ip addr add 10.0.0.1/32 dev lo")
     namespaces.append(node)
-    proxy = subprocess.Popen([sys.executable, "-m", "accel_core.devtools.netnsproxy",
+    proxy = subprocess.Popen([sys.executable, "-m", "accel_rig.netnsproxy",
                               f"--netns=/proc/{node.pid}/ns/net", "--listen=10.0.0.1:443",
                               f"--to=127.0.0.1:{port}", f"--holder={node.pid}"], stdout=subprocess.PIPE)
     try:

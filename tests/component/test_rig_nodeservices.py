@@ -1,4 +1,4 @@
-"""A containerd rig node's cluster DNS and ClusterIP forwarding (accel_core/devtools/nodeservices.py), run for real in
+"""A containerd rig node's cluster DNS and ClusterIP forwarding (rig/accel_rig/nodeservices.py), run for real in
 two throw-away network namespaces standing for two nodes (root, util-linux, iproute2; nothing on the machine's own
 network changes). The Service and EndpointSlice items are written as the API returns them."""
 
@@ -10,14 +10,13 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-
-from accel_core.devtools.clusterdns import DNS_IP, parse_reply, query
-from accel_core.devtools.controlplane_pki import SERVICE_CIDR
-from accel_core.devtools.controlplane_processes import process_start_ticks
-from accel_core.devtools.netnsproxy import listen_in, socket_in, udp_socket_in
-from accel_core.devtools.noderoutes import NodeRoute
-from accel_core.devtools.nodeservices import NodeServices
-from accel_core.devtools.servicetable import ServiceTable, build
+from accel_rig.clusterdns import DNS_IP, parse_reply, query
+from accel_rig.controlplane_pki import SERVICE_CIDR
+from accel_rig.controlplane_processes import process_start_ticks
+from accel_rig.netnsproxy import listen_in, socket_in, udp_socket_in
+from accel_rig.noderoutes import NodeRoute
+from accel_rig.nodeservices import NodeServices
+from accel_rig.servicetable import ServiceTable, build
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 

@@ -13,9 +13,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
-
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONS = {

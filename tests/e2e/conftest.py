@@ -34,16 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from accel_rig.containerdnode import RuntimeBinaries
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import CONTAINERD, KubeletNode
+from accel_rig.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
+from accel_rig.polling import poll_until
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.core.resource import GlobalResource, NamespacedResource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 
-from accel_core.devtools.containerdnode import RuntimeBinaries
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import CONTAINERD, KubeletNode
-from accel_core.devtools.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
-from accel_core.devtools.polling import poll_until
 from accel_core.fakehost import FakeHost, build_host
 
 _ACTIVE: list[ControlPlane] = []
@@ -128,7 +128,7 @@ def _tail_text(path: Path, lines: int) -> str:
 
 
 def wait_until(check: Callable[[], Any], what: str, timeout: float = 60.0, interval: float = 0.3) -> Any:
-    """:func:`~accel_core.devtools.polling.poll_until`, taking an API error (an object not made yet) as "not yet"."""
+    """:func:`~accel_rig.polling.poll_until`, taking an API error (an object not made yet) as "not yet"."""
     return poll_until(check, what, timeout, interval, tolerate=(ApiError,))
 
 

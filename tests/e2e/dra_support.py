@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubelet_standin import KubeletStandIn
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.checkpoint import CheckpointFile
 from accel_core.kubeletapi.constants import DRA_V1_SERVICE
 

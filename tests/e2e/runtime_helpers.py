@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import KubeletNode
 from chart_render import NEURON_CHART, NEURON_OCI
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceSlice
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import KubeletNode
 
 REPO = Path(__file__).resolve().parents[2]
 BUSYBOX = "example.local/busybox:1.35"

@@ -17,17 +17,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from accel_rig.containerdnode import BUSYBOX_IMAGE, FAKE_HOST_IN_NODE, RuntimeBinaries, ctr
+from accel_rig.kubeletnode import KUBELET_SYSCTLS
 from lightkube import Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
-
-from accel_core.devtools.containerdnode import BUSYBOX_IMAGE, FAKE_HOST_IN_NODE, RuntimeBinaries, ctr
-from accel_core.devtools.kubeletnode import KUBELET_SYSCTLS
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def cluster(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "accel_core.devtools.cluster", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "accel_rig.cluster", *args], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                           check=False)
 
@@ -145,7 +144,7 @@ def test_containerd_node_runs_a_container_whose_log_accel_cluster_prints(kube_bi
         # eval "$(accel-cluster env)": the cluster's own kubectl and helm first on PATH; kubectl logs reaches the
         # kubelet inside the node's namespace (through the API server's egress proxy)
         shell = subprocess.run(
-            ["sh", "-c", f'eval "$({sys.executable} -m accel_core.devtools.cluster env --state-dir {state})" && '
+            ["sh", "-c", f'eval "$({sys.executable} -m accel_rig.cluster env --state-dir {state})" && '
              'command -v kubectl && command -v helm && kubectl logs hello --tail 1'],
             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO),
                                                               "PATH": "/usr/bin:/bin"}, check=False)

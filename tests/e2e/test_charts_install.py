@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
 from chart_render import (
     EFA_CHART,
     NEURON_CHART,
@@ -28,8 +29,6 @@ from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from runtime_helpers import Helm
-
-from accel_core.devtools.controlplane import ControlPlane
 
 Wait = Callable[..., Any]
 FakeNode = Callable[..., str]

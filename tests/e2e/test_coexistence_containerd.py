@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import Client
@@ -35,9 +37,6 @@ from runtime_helpers import (
     slice_devices,
     workload_docs,
 )
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import CONTAINERD
 
 pytestmark = pytest.mark.containerd
 

@@ -13,15 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeversions import KubeVersions
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authentication_v1 import SelfSubjectReview
 from lightkube.resources.core_v1 import ConfigMap, Pod, Secret, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeversions import KubeVersions
 
 DOMAIN = "smoke.accel.test"
 CHART = Path(__file__).parent / "testdata" / "smoke-chart"

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.controlplane_errors import ControlPlaneError
-from accel_core.devtools.controlplane_processes import ClusterRecord
+from accel_rig.controlplane import ControlPlane
+from accel_rig.controlplane_errors import ControlPlaneError
+from accel_rig.controlplane_processes import ClusterRecord
 
 
 def fake_bin_dir(tmp_path: Path, kube_binaries: Path, apiserver_script: str) -> Path:

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
 from chart_render import NEURON_CHART, find_or_build_helm, run_helm
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 from lightkube.types import PatchType
-
-from accel_core.devtools.controlplane import ControlPlane
 
 USAGE = "neuron.amazonaws.com/device-usage"
 TEMPLATES = ("device-plugin/serviceaccount.yaml", "own-node-policy.yaml")

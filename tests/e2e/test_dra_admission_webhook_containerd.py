@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import CONTAINERD
 from chart_render import NEURON_CHART, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import Client
@@ -29,9 +31,6 @@ from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfig
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Secret
 from runtime_helpers import Helm, chart_image, pods_of, rig_flags
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import CONTAINERD
 
 pytestmark = pytest.mark.containerd
 

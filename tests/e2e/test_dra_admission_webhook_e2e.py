@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.certs import issue, make_ca
+from accel_rig.controlplane import ControlPlane
 from chart_render import EFA_CHART, NEURON_CHART, find_or_build_helm, template
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
@@ -32,9 +34,6 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Secret
 from lightkube.resources.resource_v1 import DeviceClass
 from runtime_helpers import Helm
-
-from accel_core.devtools.certs import issue, make_ca
-from accel_core.devtools.controlplane import ControlPlane
 
 NEURON_LNC_3 = "config[0] (FromClaim, requests neuron): logicalNeuronCore must be 1 or 2, got 3"
 DENIED = 'admission webhook "opaque-configs.{driver}" denied the request: '

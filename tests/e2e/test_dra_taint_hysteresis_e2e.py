@@ -18,11 +18,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from accel_rig.controlplane import ControlPlane
 from conftest import Daemon
 from lightkube import Client
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
 from accel_core.fakehost import FakeHost, build_host
 
 Wait = Callable[..., Any]

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubelet_standin import KubeletStandIn
 from dra_support import (
     EFA,
     NEURON,
@@ -43,8 +45,6 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from lightkube.types import PatchType
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import FakeHost, build_host
 
 Wait = Callable[..., Any]

@@ -13,7 +13,7 @@ deleting the example (default grace period) takes less than 10 s.
 - The neuron chart's scheduler extender (``scheduler.enabled=true``): ``my-scheduler`` runs the kube-scheduler image
   made from the cached binary under the chart's default reference, becomes Available on a containerd node, and
   binds a ``neuron: 1`` pod through the extender, reached at its Service name (the rig's cluster DNS and ClusterIP
-  forwarding, accel_core/devtools/nodeservices.py).
+  forwarding, rig/accel_rig/nodeservices.py).
 
 Expected values are AWS facts, not our catalog's: a trn2.48xlarge has 16 Trainium2 devices and 16 EFAs (one per
 device), a p5.48xlarge 32 EFAs, four on each GPU's PCIe root (efa.md 2.3); LNC 1 shows as NEURON_LOGICAL_NC_CONFIG=1;
@@ -35,6 +35,9 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.containerdnode import RuntimeBinaries
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import Daemon, RealNode
 from dra_support import NEURON as NEURON_DRIVER
@@ -47,9 +50,6 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from runtime_helpers import REPO, Helm, rig_flags, running_1_of_1
 
 from accel_core.awsfacts.ultraserver import fake_ids
-from accel_core.devtools.containerdnode import RuntimeBinaries
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import CONTAINERD
 
 Wait = Callable[..., Any]
 NodeFactory = Callable[..., RealNode]

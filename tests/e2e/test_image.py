@@ -10,13 +10,15 @@ import io
 import json
 import re
 import tarfile
+import tomllib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from accel_rig.containerdnode import RuntimeBinaries
 from runtime_helpers import REPO, chart_image
 
-from accel_core.devtools.containerdnode import RuntimeBinaries
+DEV_EXTRA: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
 
 pytestmark = pytest.mark.containerd
 
@@ -78,7 +80,8 @@ def test_image_is_named_as_the_charts_default_and_holds_no_build_tools() -> None
     modules = [p for p in paths if re.search(r"site-packages/(pip|setuptools)(/|-)", p)]
     assert not modules, modules[:5]
     assert not [p for p in paths if p.startswith("usr/lib/gcc/")], "a compiler's libexec is in the image"
-    for dev_only in ("accel_core/fakehost/", "accel_core/devtools/", "opt/venv/bin/accel-demo"):
+    for dev_only in ("accel_core/fakehost/", "site-packages/accel_rig/", "site-packages/cryptography/",
+                     "opt/venv/bin/accel-demo", "opt/venv/bin/accel-cluster"):
         assert not [p for p in paths if dev_only in p], dev_only
 
 
@@ -90,3 +93,6 @@ def test_listing_names_every_package_with_a_version() -> None:
     assert {d[1] for d in debs} >= {"libc6", "python3.11-minimal", "libudev1", "libstdc++6"}
     assert not {d[1] for d in debs} & {"perl", "perl-base", "python3-pip", "gcc"}
     assert pys["aws-accel-agents"] == "0.1.0" and "grpcio" in pys and "pip" not in pys
+    # neither the rig's distribution nor anything only the rig or the tests use (pyproject's dev extra)
+    dev = {re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in DEV_EXTRA}
+    assert not set(pys) & (dev | {"aws-accel-agents-rig", "cryptography"}), sorted(set(pys) & dev)

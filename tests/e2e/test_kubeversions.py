@@ -7,10 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.controlplane_errors import MissingBinariesError
-from accel_core.devtools.kubeversions import build_bin_dir, build_script, kube_bin_dir
+from accel_rig.controlplane import ControlPlane
+from accel_rig.controlplane_errors import MissingBinariesError
+from accel_rig.kubeversions import build_bin_dir, build_script, kube_bin_dir
 
 
 def script_dir(env: dict[str, str]) -> Path:

@@ -23,6 +23,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubeletnode import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import ApiError, Client, codecs
@@ -43,8 +45,6 @@ from runtime_helpers import (
     sampled,
 )
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubeletnode import CONTAINERD
 from accel_core.podresources import PodResourcesClient
 
 pytestmark = pytest.mark.containerd

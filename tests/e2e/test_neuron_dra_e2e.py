@@ -26,14 +26,14 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubelet_standin import KubeletStandIn
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from neuron_listings import TRN2_48XLARGE_GUIDE
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.dra.checkpoint import CheckpointFile
 from accel_core.dra.publisher import spec_key
 from accel_core.fakehost import FakeHost, build_host

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
+from accel_rig.polling import until
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.polling import until
 from accel_core.ownnode import OwnNode
 
 

@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
 from conftest import REPO_ROOT, Daemon, RealNode
 from kube_helpers import cdi_edits, create_pod, pod_events, pod_gone, pod_phase
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaimTemplate, ResourceSlice
-
-from accel_core.devtools.controlplane import ControlPlane
 
 Wait = Callable[..., Any]
 MakeNode = Callable[..., RealNode]

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
 from conftest import REPO_ROOT, Daemon, RealNode
 from dra_support import EFA as SUPPORT_EFA
 from dra_support import NEURON as SUPPORT_NEURON
@@ -40,8 +41,6 @@ from lightkube import ApiError, Client, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
-
-from accel_core.devtools.controlplane import ControlPlane
 
 Wait = Callable[..., Any]
 MakeNode = Callable[..., RealNode]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
 from conftest import Daemon, RealNode
 from dra_support import EFA as SUPPORT_EFA
 from dra_support import NEURON as SUPPORT_NEURON
@@ -43,7 +44,6 @@ from test_real_kubelet_dra137 import (  # the module's fixtures and helpers (cla
     running,
 )
 
-from accel_core.devtools.controlplane import ControlPlane
 from accel_core.dra.claimreport import ClaimProblem, PodRef
 from accel_core.dra.reporter import ClaimReporter
 

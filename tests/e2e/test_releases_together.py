@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.resources.admissionregistration_v1 import ValidatingAdmissionPolicy
@@ -31,8 +32,6 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceSlice
 from runtime_helpers import Helm
 from test_charts_install import absent, remove_namespace, slice_for
-
-from accel_core.devtools.controlplane import ControlPlane
 
 Wait = Callable[..., Any]
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"

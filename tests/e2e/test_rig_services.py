@@ -1,4 +1,4 @@
-"""Cluster DNS and ClusterIP Services for pods on the rig's containerd nodes (accel_core/devtools/nodeservices.py).
+"""Cluster DNS and ClusterIP Services for pods on the rig's containerd nodes (rig/accel_rig/nodeservices.py).
 
 Two containerd nodes; a busybox ``httpd`` pod on the first behind a Service whose port (8081) differs from the
 pod's (8080); busybox client pods on both nodes resolve the Service's names with ``nslookup`` and fetch its page
@@ -15,12 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from accel_rig.clusterdns import DNS_IP
+from accel_rig.kubeletnode import CONTAINERD
 from conftest import RealNode
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Service
-
-from accel_core.devtools.clusterdns import DNS_IP
-from accel_core.devtools.kubeletnode import CONTAINERD
 
 Wait = Callable[..., Any]
 BUSYBOX = "example.local/busybox:1.35"

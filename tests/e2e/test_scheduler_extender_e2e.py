@@ -28,13 +28,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
 from chart_render import NEURON_CHART, Rendered, find_or_build_helm, template
 from conftest import Daemon, RealNode, console_script
 from kube_helpers import NEURON, NEURONCORE, allocatable, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
-
-from accel_core.devtools.controlplane import ControlPlane
 
 Wait = Callable[..., Any]
 USAGE = "neuron.amazonaws.com/device-usage"

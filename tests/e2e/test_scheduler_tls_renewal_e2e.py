@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from accel_rig.controlplane import ControlPlane
 from chart_render import NEURON_CHART
 from cryptography import x509
 from lightkube import Client
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Secret
 from runtime_helpers import Helm
-
-from accel_core.devtools.controlplane import ControlPlane
 
 DAY = 86400
 SECRETS = ("neuron-scheduler-extender-tls", "my-scheduler-extender-client-tls")

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import yaml
+from accel_rig.controlplane import ControlPlane
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.devtools.controlplane import ControlPlane
 from accel_core.dra.devices import SliceDevice
 from accel_core.dra.publisher import SlicePublisher
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+from accel_rig.controlplane import ControlPlane
+from accel_rig.kubelet_standin import KubeletStandIn
 from conftest import Daemon as ConftestDaemon
 from conftest import RealNode
 from dra_support import (
@@ -48,8 +50,6 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from accel_core.awsfacts.ultraserver import fake_ids
-from accel_core.devtools.controlplane import ControlPlane
-from accel_core.devtools.kubelet_standin import KubeletStandIn
 from accel_core.fakehost import FakeHost, build_host
 
 Wait = Callable[..., Any]

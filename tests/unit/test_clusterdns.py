@@ -1,4 +1,4 @@
-"""The rig's cluster DNS answers (accel_core/devtools/clusterdns.py) and its Service table (servicetable.py).
+"""The rig's cluster DNS answers (rig/accel_rig/clusterdns.py) and its Service table (servicetable.py).
 
 Queries are written byte by byte from RFC 1035 (header 4.1.1, question 4.1.2, resource record 4.1.3), not with the
 module's own helper; the Service names are Kubernetes' DNS scheme (``<svc>.<ns>.svc.cluster.local``).
@@ -9,8 +9,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from accel_core.devtools.clusterdns import answer, parse_reply, query
-from accel_core.devtools.servicetable import build
+from accel_rig.clusterdns import answer, parse_reply, query
+from accel_rig.servicetable import build
 
 EXTENDER = "neuron-scheduler-extender.kube-system.svc.cluster.local"
 

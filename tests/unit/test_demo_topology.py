@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from accel_rig.demo import topology_table
 from hostcache import shared_host
 
 from accel_core.awsfacts import catalog
-from accel_core.devtools.demo import topology_table
 
 REPO = Path(__file__).resolve().parents[2]
 

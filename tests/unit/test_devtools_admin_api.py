@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import httpx2
 import pytest
+from accel_rig.controlplane import AdminApi
+from accel_rig.controlplane_errors import ApiRequestError, ControlPlaneError
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
-
-from accel_core.devtools.controlplane import AdminApi
-from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
 
 
 def test_an_api_status_becomes_api_request_error_with_the_code() -> None:

@@ -9,12 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from accel_rig import certs
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from accel_core.devtools import certs
 
 
 def load(path: Path) -> x509.Certificate:

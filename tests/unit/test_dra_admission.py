@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from accel_rig.certs import issue, make_ca
 
-from accel_core.devtools.certs import issue, make_ca
 from accel_core.dra.admission import BadReview, review
 from accel_core.dra.webhookserver import WebhookServer, server_context
 from efa_plugin.dra.profile import EfaProfile

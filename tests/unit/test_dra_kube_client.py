@@ -10,9 +10,9 @@ import ssl
 from pathlib import Path
 
 import pytest
+from accel_rig.controlplane_pki import ADMIN_USER, cert_user, generate_pki, write_kubeconfig
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from accel_core.devtools.controlplane_pki import ADMIN_USER, cert_user, generate_pki, write_kubeconfig
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_client, kube_config
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import httpx2
 import pytest
+from accel_rig.polling import until
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.devtools.polling import until
 from accel_core.dra.devices import SliceDevice, Taint, quantity
 from accel_core.dra.publisher import SlicePublisher, build_slices, spec_key, without_taints
 

@@ -13,9 +13,9 @@ import dataclasses
 from datetime import UTC, datetime
 
 import pytest
+from accel_rig.polling import until
 from test_dra_slices import DRIVER, FakeApi, devices, run_with, watching
 
-from accel_core.devtools.polling import until
 from accel_core.dra.devices import SliceDevice, Taint
 from accel_core.dra.publisher import SlicePublisher
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints

@@ -15,7 +15,7 @@ import sys
 
 SCENARIO = r"""
 import ctypes, json, os, threading
-from accel_core.devtools.heapprobe import growth_report, resident_by_kind
+from accel_rig.heapprobe import growth_report, resident_by_kind
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 before = resident_by_kind(os.getpid())

@@ -10,7 +10,7 @@ from pathlib import Path
 from accel_core.registry import accelerators
 
 REPO = Path(__file__).resolve().parents[2]
-DEV_ONLY = ("accel_core.fakehost", "accel_core.devtools")
+DEV_ONLY = ("accel_core.fakehost", "accel_rig")
 #: this repository's accelerator packages, as their registry declarations name them
 PACKAGES = tuple(p for acc in accelerators() if acc.distribution == "aws-accel-agents" for p in acc.packages)
 
@@ -42,7 +42,7 @@ def test_the_registry_finds_the_packages_on_disk() -> None:
 
 def test_the_core_knows_no_accelerator() -> None:
     # the dev tools (demo, cluster) wire real daemons together, so they may; nothing else in the core does
-    assert offenders("accel_core", PACKAGES, skip=("accel_core/devtools/",)) == []
+    assert offenders("accel_core", PACKAGES, skip=("rig/accel_rig/",)) == []
 
 
 def test_accelerator_packages_do_not_import_each_other() -> None:
@@ -52,7 +52,7 @@ def test_accelerator_packages_do_not_import_each_other() -> None:
 
 def test_production_never_imports_the_fake_host_or_dev_tools() -> None:
     found = [o for package in PACKAGES for o in offenders(package, DEV_ONLY)]
-    found += offenders("accel_core", DEV_ONLY, skip=("accel_core/fakehost/", "accel_core/devtools/"))
+    found += offenders("accel_core", DEV_ONLY, skip=("accel_core/fakehost/", "rig/accel_rig/"))
     assert found == []
 
 

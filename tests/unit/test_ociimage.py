@@ -11,8 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from accel_core.devtools.ociimage import Entry, ImageConfig, busybox_entries, write_layer, write_oci_archive
+from accel_rig.ociimage import Entry, ImageConfig, busybox_entries, write_layer, write_oci_archive
 
 
 def _members(archive: Path) -> dict[str, bytes]:

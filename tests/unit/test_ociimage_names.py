@@ -12,8 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
-from accel_core.devtools.ociimage import (
+from accel_rig.ociimage import (
     Entry,
     ImageConfig,
     _main,

@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from accel_rig.polling import until
 
-from accel_core.devtools.polling import until
 from accel_core.healthpoll import FilePoller, PollTimer
 from accel_core.watch import EVENT, STOP, wake
 from neuron_dra.deviceplugin import podresources

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from accel_core.devtools.cluster import env_lines, pick_log_files, tail_lines
-from accel_core.devtools.controlplane_processes import process_start_ticks
-from accel_core.devtools.egressproxy import parse_connect
-from accel_core.devtools.noderoutes import (
+from accel_rig.cluster import env_lines, pick_log_files, tail_lines
+from accel_rig.controlplane_processes import process_start_ticks
+from accel_rig.egressproxy import parse_connect
+from accel_rig.noderoutes import (
     MAX_SLOT,
     NodeRoute,
     claim_slot,
@@ -125,7 +124,7 @@ def test_egress_proxy_reaches_a_server_inside_a_node_namespace_and_nothing_else(
         routes = tmp_path / "routes"
         save_route(routes, NodeRoute("n1", 0, "10.201.9.2", 10250, holder.pid, ticks))
         sock = tmp_path / "egress.sock"
-        proxy = subprocess.Popen([sys.executable, "-m", "accel_core.devtools.egressproxy", f"--socket={sock}",
+        proxy = subprocess.Popen([sys.executable, "-m", "accel_rig.egressproxy", f"--socket={sock}",
                                   f"--routes={routes}"])
         deadline = time.monotonic() + 15
         while not sock.exists() and time.monotonic() < deadline:
@@ -163,7 +162,7 @@ def test_logs_follow_prints_new_lines_and_a_restart_and_stops_with_the_pod(tmp_p
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     import threading
 
-    from accel_core.devtools.cluster import _follow
+    from accel_rig.cluster import _follow
 
     d = tmp_path / "ns_p_uid" / "app"
     d.mkdir(parents=True)

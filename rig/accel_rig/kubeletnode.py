@@ -42,27 +42,27 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from accel_core.devtools.clusterdns import CLUSTER_DOMAIN, DNS_IP
-from accel_core.devtools.containerdnode import (
+from accel_core.hostfiles import parse_index
+from accel_core.k8snames import is_label, is_subdomain, shown
+from accel_rig.clusterdns import CLUSTER_DOMAIN, DNS_IP
+from accel_rig.containerdnode import (
     FAKE_HOST_IN_NODE,
     ContainerdRuntime,
     RuntimeBinaries,
     ServiceAccess,
     stop_namespace,
 )
-from accel_core.devtools.controlplane import AdminApi
-from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError
-from accel_core.devtools.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
-from accel_core.devtools.controlplane_processes import (
+from accel_rig.controlplane import AdminApi
+from accel_rig.controlplane_errors import ApiRequestError, ControlPlaneError
+from accel_rig.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
+from accel_rig.controlplane_processes import (
     ProcessRecord,
     recorded_process,
     spawn_logged,
     tail_file,
     terminate_processes,
 )
-from accel_core.devtools.noderoutes import ROUTES_DIR, claim_slot, loopback_ip
-from accel_core.hostfiles import parse_index
-from accel_core.k8snames import is_label, is_subdomain, shown
+from accel_rig.noderoutes import ROUTES_DIR, claim_slot, loopback_ip
 
 KUBELET = "kubelet"
 FAKECRI = "fakecri"

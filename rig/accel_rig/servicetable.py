@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_core.devtools.clusterdns import CLUSTER_DOMAIN, service_names
+from accel_rig.clusterdns import CLUSTER_DOMAIN, service_names
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 

@@ -4,11 +4,11 @@ port-forward``, and the service, pod and node proxy).
 
 The nodes live in network namespaces of their own, so neither a node's name nor its 10.201.x.y address nor a pod's
 10.88+.x.y address is reachable from the machine. For ``CONNECT host:port`` this proxy finds the node that owns
-``host`` in the control plane's route files (:mod:`accel_core.devtools.noderoutes`), opens the socket *inside*
+``host`` in the control plane's route files (:mod:`accel_rig.noderoutes`), opens the socket *inside*
 that node's namespace (``setns`` on the event-loop thread, then back) and pipes the bytes. Any other target is
 refused: no connection of the API server's leaves the machine's loopback and the rig's namespaces.
 
-    python -m accel_core.devtools.egressproxy --socket STATE/egress.sock --routes STATE/routes
+    python -m accel_rig.egressproxy --socket STATE/egress.sock --routes STATE/routes
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from accel_core.devtools.netnsproxy import pipe, socket_in
-from accel_core.devtools.noderoutes import NodeRoute, load_routes, route_for
+from accel_rig.netnsproxy import pipe, socket_in
+from accel_rig.noderoutes import NodeRoute, load_routes, route_for
 
 MAX_HEAD = 16 * 1024
 
@@ -95,7 +95,7 @@ async def serve(path: Path, routes_dir: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accel_core.devtools.egressproxy",
+    parser = argparse.ArgumentParser(prog="python -m accel_rig.egressproxy",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--socket", type=Path, required=True, help="the Unix socket the API server dials")
     parser.add_argument("--routes", type=Path, required=True, help="the nodes' route files")

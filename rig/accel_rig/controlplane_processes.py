@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from accel_core.devtools.controlplane_errors import ControlPlaneError
+from accel_rig.controlplane_errors import ControlPlaneError
 
 STATE_FILE = "cluster.json"
 _PROXY_VARS = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})

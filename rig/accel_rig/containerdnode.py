@@ -12,14 +12,14 @@ changes and several nodes run side by side:
 - the fake host tree (``<node>/host``) also at :data:`FAKE_HOST_IN_NODE`, the same path on every node, so one
   ``fakeHost.path`` serves a whole cluster;
 - network: loopback up, the node's address, the ``kubernetes`` Service's ClusterIP and the cluster DNS address
-  (:data:`~accel_core.devtools.clusterdns.DNS_IP`) on ``lo``, the whole Service range routed to ``lo`` as local
-  (any ClusterIP can be bound there); :mod:`accel_core.devtools.nodeservices` answers DNS and forwards every
+  (:data:`~accel_rig.clusterdns.DNS_IP`) on ``lo``, the whole Service range routed to ``lo`` as local
+  (any ClusterIP can be bound there); :mod:`accel_rig.nodeservices` answers DNS and forwards every
   Service's ClusterIP ports to its ready endpoints (on this node or another); a forwarder
-  (:mod:`accel_core.devtools.netnsproxy`) carries the ClusterIP and the API server's own address to the machine's
+  (:mod:`accel_rig.netnsproxy`) carries the ClusterIP and the API server's own address to the machine's
   loopback, another one serves the kubelet's port on the node's own machine-loopback address (127.0.0.N, see
-  :mod:`accel_core.devtools.noderoutes`); pods get a veth pair between their namespace and the node's
-  (``tools/cni/accel-veth``, addresses 10.(88+slot).x.y), nothing else; the node's route file tells the API
-  server's egress proxy (:mod:`accel_core.devtools.egressproxy`) how to reach the kubelet and the pods;
+  :mod:`accel_rig.noderoutes`); pods get a veth pair between their namespace and the node's
+  (``rig/accel_rig/data/accel-veth``, addresses 10.(88+slot).x.y), nothing else; the node's route file tells the API
+  server's egress proxy (:mod:`accel_rig.egressproxy`) how to reach the kubelet and the pods;
 - images: the pause, busybox (also under the examples' busybox reference), kube-scheduler and project OCI archives
   made by ``scripts/build-images.sh``, imported with ``ctr`` before the kubelet starts (``imagePullPolicy: Never``
   and ``IfNotPresent`` both find them; nothing is pulled).
@@ -45,18 +45,18 @@ from pathlib import Path
 
 import psutil
 
-from accel_core.devtools.clusterdns import DNS_IP
-from accel_core.devtools.controlplane_errors import ControlPlaneError
-from accel_core.devtools.controlplane_pki import SERVICE_CIDR, SERVICE_IP
-from accel_core.devtools.controlplane_processes import (
+from accel_core.hostfiles import HostValueError, parse_int, read_attr
+from accel_rig.clusterdns import DNS_IP
+from accel_rig.controlplane_errors import ControlPlaneError
+from accel_rig.controlplane_pki import SERVICE_CIDR, SERVICE_IP
+from accel_rig.controlplane_processes import (
     process_start_ticks,
     spawn_logged,
     tail_file,
     terminate_processes,
 )
-from accel_core.devtools.kubeversions import cache_root, repo_root
-from accel_core.devtools.noderoutes import NodeRoute, loopback_ip, pod_prefix, save_route
-from accel_core.hostfiles import HostValueError, parse_int, read_attr
+from accel_rig.kubeversions import cache_root
+from accel_rig.noderoutes import NodeRoute, loopback_ip, pod_prefix, save_route
 
 CONTAINERD_VERSION = "v2.4.2"
 RUNTIME = "containerd"
@@ -68,12 +68,12 @@ BUSYBOX_IMAGE = "example.local/busybox:1.35"
 FAKE_HOST_IN_NODE = "/var/lib/accel-fake-host"
 #: The misc-class major of ``/dev/infiniband/rdma_cm`` (its minor is dynamic on real hosts; any is fine here).
 RDMA_CM_DEV = "10:58"
-CNI_PLUGIN = repo_root() / "tools" / "cni" / "accel-veth"
+CNI_PLUGIN = Path(__file__).resolve().parent / "data" / "accel-veth"  # package data: found installed or checked out
 
 
 @dataclass(frozen=True)
 class ServiceAccess:
-    """How a node's :mod:`~accel_core.devtools.nodeservices` lists Services: the API server and a client
+    """How a node's :mod:`~accel_rig.nodeservices` lists Services: the API server and a client
     certificate (``system:kube-proxy``)."""
 
     server: str
@@ -332,7 +332,7 @@ class ContainerdRuntime:
                        capture_output=True)
 
     def _start_proxy(self) -> None:
-        self._spawn(self.PROXY, [sys.executable, "-m", "accel_core.devtools.netnsproxy",
+        self._spawn(self.PROXY, [sys.executable, "-m", "accel_rig.netnsproxy",
                                  f"--netns=/proc/{self.holder_pid}/ns/net", f"--listen={SERVICE_IP}:443",
                                  f"--listen=127.0.0.1:{self.api_port}", f"--to=127.0.0.1:{self.api_port}",
                                  f"--holder={self.holder_pid}"])
@@ -343,7 +343,7 @@ class ContainerdRuntime:
         """The kubelet's port on 127.0.0.N of the machine, and the route file of the node."""
         if not self.kubelet_port:
             return
-        self._spawn(self.KUBELET_PROXY, [sys.executable, "-m", "accel_core.devtools.netnsproxy", "--into",
+        self._spawn(self.KUBELET_PROXY, [sys.executable, "-m", "accel_rig.netnsproxy", "--into",
                                          f"--netns=/proc/{self.holder_pid}/ns/net",
                                          f"--listen={self.loopback}:{self.kubelet_port}",
                                          f"--to={self.ip}:{self.kubelet_port}", f"--holder={self.holder_pid}"])
@@ -360,7 +360,7 @@ class ContainerdRuntime:
         if self.services is None or self.routes_dir is None:
             return
         s = self.services
-        self._spawn(self.SERVICES, [sys.executable, "-m", "accel_core.devtools.nodeservices",
+        self._spawn(self.SERVICES, [sys.executable, "-m", "accel_rig.nodeservices",
                                     f"--netns=/proc/{self.holder_pid}/ns/net", f"--holder={self.holder_pid}",
                                     f"--routes={self.routes_dir}", f"--server={s.server}", f"--ca={s.ca}",
                                     f"--cert={s.cert}", f"--key={s.key}"])
@@ -452,7 +452,7 @@ def stop_namespace(node_dir: Path, bins: RuntimeBinaries, *, holder: subprocess.
                 stopped.append(f"{p.name()}/{p.pid}")
         terminate_processes(inside, timeout)
     # the forwarders and node services exit by themselves once the holder is gone; the holder last
-    ours = ("accel_core.devtools.netnsproxy", "accel_core.devtools.nodeservices")
+    ours = ("accel_rig.netnsproxy", "accel_rig.nodeservices")
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
         if holder_pid is not None and any(m in cmd for m in ours) and f"--holder={holder_pid}" in cmd:

@@ -7,12 +7,12 @@ listens on the machine's 127.0.0.1. This forwarder creates its listening sockets
 accepted connection to the target there: the part of kube-proxy the rig needs (the ``kubernetes`` Service's
 ClusterIP, and the API server's own address for the kubelet), with no iptables rule and no host interface.
 
-    python -m accel_core.devtools.netnsproxy --netns /proc/PID/ns/net --listen 10.0.0.1:443 --to 127.0.0.1:6443
+    python -m accel_rig.netnsproxy --netns /proc/PID/ns/net --listen 10.0.0.1:443 --to 127.0.0.1:6443
 
 With ``--into`` it works the other way: it listens in its own namespace (the machine's loopback, e.g. a node's
 127.0.0.N) and connects every accepted connection to the target inside the node's namespace (the node's kubelet).
 
-    python -m accel_core.devtools.netnsproxy --netns /proc/PID/ns/net --into --listen 127.0.0.2:10250 \
+    python -m accel_rig.netnsproxy --netns /proc/PID/ns/net --into --listen 127.0.0.2:10250 \
         --to 10.201.3.4:10250
 
 It exits when the namespace's holder process (``--holder PID``) is gone.
@@ -133,7 +133,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accel_core.devtools.netnsproxy",
+    parser = argparse.ArgumentParser(prog="python -m accel_rig.netnsproxy",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--netns", required=True, help="the namespace file, e.g. /proc/PID/ns/net")
     parser.add_argument("--listen", type=_address, action="append", required=True,

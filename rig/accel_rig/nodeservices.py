@@ -14,7 +14,7 @@ whom the default RBAC lets read them) and then, inside the node's network namesp
 
 A failed list keeps the last table. It exits when the namespace's holder process (``--holder``) is gone.
 
-    python -m accel_core.devtools.nodeservices --netns /proc/PID/ns/net --holder PID --routes STATE/routes \
+    python -m accel_rig.nodeservices --netns /proc/PID/ns/net --holder PID --routes STATE/routes \
         --server https://127.0.0.1:6443 --ca ca.crt --cert proxy.crt --key proxy.key
 """
 
@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from accel_core.devtools.clusterdns import DNS_IP, answer
-from accel_core.devtools.controlplane_pki import SERVICE_IP
-from accel_core.devtools.netnsproxy import connect_in, listen_in, pipe, udp_socket_in
-from accel_core.devtools.noderoutes import NodeRoute, load_routes, route_for
-from accel_core.devtools.servicetable import ServicePort, ServiceTable, build
+from accel_rig.clusterdns import DNS_IP, answer
+from accel_rig.controlplane_pki import SERVICE_IP
+from accel_rig.netnsproxy import connect_in, listen_in, pipe, udp_socket_in
+from accel_rig.noderoutes import NodeRoute, load_routes, route_for
+from accel_rig.servicetable import ServicePort, ServiceTable, build
 
 SERVICES = "/api/v1/services?resourceVersion=0"
 SLICES = "/apis/discovery.k8s.io/v1/endpointslices?resourceVersion=0"
@@ -215,7 +215,7 @@ async def run(node: NodeServices, holder: int | None, interval: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accel_core.devtools.nodeservices",
+    parser = argparse.ArgumentParser(prog="python -m accel_rig.nodeservices",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--netns", required=True, help="the node's namespace file, e.g. /proc/PID/ns/net")
     parser.add_argument("--holder", type=int, help="exit when this process is gone")

@@ -1,5 +1,5 @@
 """Run a daemon so that a test or benchmark can read its native heap:
-``python -m accel_core.devtools.heapprobe OUT SCRIPT ARGS...`` runs the console script SCRIPT (an entry point such
+``python -m accel_rig.heapprobe OUT SCRIPT ARGS...`` runs the console script SCRIPT (an entry point such
 as ``neuron-device-plugin``) in this process, and each SIGUSR1 appends one line to OUT: the bytes glibc malloc has
 handed out and not had back (``mallinfo2``: ``uordblks + hblkhd``, every arena and mmapped block). That figure is
 free of what RSS mixes in: pages the allocator keeps or returns, and pymalloc's own arenas (Python objects under

@@ -42,8 +42,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, NodeStatus, Pod, ServiceAccountToken
 from lightkube.types import PatchType
 
-from accel_core.devtools.controlplane_errors import ApiRequestError, ControlPlaneError, MissingBinariesError
-from accel_core.devtools.controlplane_pki import (
+from accel_rig.controlplane_errors import ApiRequestError, ControlPlaneError, MissingBinariesError
+from accel_rig.controlplane_pki import (
     ADMIN_USER,
     SERVICE_CIDR,
     Pki,
@@ -51,7 +51,7 @@ from accel_core.devtools.controlplane_pki import (
     generate_pki,
     write_kubeconfig,
 )
-from accel_core.devtools.controlplane_processes import (
+from accel_rig.controlplane_processes import (
     ClusterRecord,
     ProcessRecord,
     recorded_process,
@@ -59,14 +59,14 @@ from accel_core.devtools.controlplane_processes import (
     tail_file,
     terminate_processes,
 )
-from accel_core.devtools.kubeversions import KUBE_BINARIES, build_script, kube_bin_dir
-from accel_core.devtools.noderoutes import ROUTES_DIR
+from accel_rig.kubeversions import KUBE_BINARIES, build_script, kube_bin_dir
+from accel_rig.noderoutes import ROUTES_DIR
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
 SCHEDULER = "kube-scheduler"
 CONTROLLER_MANAGER = "kube-controller-manager"
-#: The API server's way into the containerd nodes' namespaces (``accel_core.devtools.egressproxy``).
+#: The API server's way into the containerd nodes' namespaces (``accel_rig.egressproxy``).
 EGRESS_PROXY = "egress-proxy"
 #: Start order; ``stop`` goes the other way.
 COMPONENTS = (ETCD, APISERVER, SCHEDULER, CONTROLLER_MANAGER)
@@ -527,7 +527,7 @@ class ControlPlane:
         sock.unlink(missing_ok=True)
         self.routes_dir.mkdir(parents=True, exist_ok=True)
         self._write_egress_config()
-        cmd = [sys.executable, "-m", "accel_core.devtools.egressproxy", f"--socket={sock}",
+        cmd = [sys.executable, "-m", "accel_rig.egressproxy", f"--socket={sock}",
                f"--routes={self.routes_dir}"]
         comp = self._spawn(EGRESS_PROXY, cmd, self.log_dir / f"{EGRESS_PROXY}.log", ())
         self._components[EGRESS_PROXY] = comp

@@ -9,7 +9,7 @@ manifest and each gzip layer. The image name travels in two annotations of the i
 An image known by more names (``--alias``: the busybox the examples name) gets one index entry per name, all
 pointing at the same manifest.
 
-``python -m accel_core.devtools.ociimage`` is the command line ``scripts/build-images.sh`` uses.
+``python -m accel_rig.ociimage`` is the command line ``scripts/build-images.sh`` uses.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def write_oci_archive(out: Path, name: str, layers: Sequence[Path], config: Imag
             "os": "linux",
             "config": config.as_json(),
             "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
-            "history": [{"created_by": f"accel_core.devtools.ociimage: layer {i}"} for i in range(len(layers))],
+            "history": [{"created_by": f"accel_rig.ociimage: layer {i}"} for i in range(len(layers))],
         }
         config_desc = blobs.add_bytes(json.dumps(image_config, sort_keys=True).encode(), CONFIG_TYPE)
         manifest = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": config_desc,
@@ -182,7 +182,7 @@ def static_binary_entries(binary: Path, at: str) -> list[Entry]:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m accel_core.devtools.ociimage", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m accel_rig.ociimage", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="kind", required=True)
     pause = sub.add_parser("pause", help="a pause image from a static pause binary")
     pause.add_argument("binary", type=Path)

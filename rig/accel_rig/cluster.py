@@ -11,9 +11,9 @@ kubelet nodes on fake hosts.
 The state directory (default ``${XDG_STATE_HOME:-~/.local/state}/aws-accel-agents/cluster``) keeps the
 certificates, the etcd data, the logs, the admin kubeconfig and ``cluster.json`` (ports and PIDs), so a
 ``down`` followed by ``up`` resumes the same cluster. Each ``--node`` gets ``nodes/<NAME>/``: a fake-sysfs tree of
-its instance type and one real kubelet with the fake CRI runtime (see ``accel_core.devtools.kubeletnode``), or with
+its instance type and one real kubelet with the fake CRI runtime (see ``accel_rig.kubeletnode``), or with
 ``--runtime containerd`` a real containerd + runc running real containers from locally built images (see
-``accel_core.devtools.containerdnode``; build them with ``make runtime``); an ``up`` with more ``--node`` flags adds
+``accel_rig.containerdnode``; build them with ``make runtime``); an ``up`` with more ``--node`` flags adds
 nodes to a running cluster.
 """
 
@@ -29,12 +29,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from accel_core.devtools.containerdnode import FAKECRI_RUNTIME, RUNTIMES
-from accel_core.devtools.controlplane import APISERVER, ControlPlane, stop_recorded
-from accel_core.devtools.controlplane_errors import ControlPlaneError
-from accel_core.devtools.controlplane_pki import Pki
-from accel_core.devtools.controlplane_processes import ClusterRecord, recorded_process
-from accel_core.devtools.kubeletnode import (
+from accel_core.k8snames import is_label
+from accel_rig.containerdnode import FAKECRI_RUNTIME, RUNTIMES
+from accel_rig.controlplane import APISERVER, ControlPlane, stop_recorded
+from accel_rig.controlplane_errors import ControlPlaneError
+from accel_rig.controlplane_pki import Pki
+from accel_rig.controlplane_processes import ClusterRecord, recorded_process
+from accel_rig.kubeletnode import (
     KubeletNode,
     NodeLayout,
     NodeRecord,
@@ -43,8 +44,7 @@ from accel_core.devtools.kubeletnode import (
     cri_log_text,
     stop_recorded_node,
 )
-from accel_core.devtools.kubeversions import kube_bin_dir
-from accel_core.k8snames import is_label
+from accel_rig.kubeversions import kube_bin_dir
 
 NODES_DIR = "nodes"
 

@@ -1,7 +1,7 @@
 """``accel-demo``: every daemon on fake nodes, printing what an operator checks.
 
 The daemons run as real subprocesses (their console scripts) against fake-sysfs trees. The first sections drive
-them with the small KUBELET STAND-IN from ``accel_core.devtools.kubelet_standin`` (not the kubelet) to show each
+them with the small KUBELET STAND-IN from ``accel_rig.kubelet_standin`` (not the kubelet) to show each
 RPC; the last one, when the Kubernetes binaries are built, runs REAL kubelets (with the fake CRI runtime) on a real
 control plane and shows what each pod's container received. Nothing here imports driver code: the demo sees the
 daemons only through sockets, the API, metrics and CLI output, as a node would.
@@ -25,10 +25,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from accel_core.devtools.kubelet_standin import KubeletStandIn
-from accel_core.devtools.polling import until
 from accel_core.fakehost import FakeHost, build_host, clear_host
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
+from accel_rig.kubelet_standin import KubeletStandIn
+from accel_rig.polling import until
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -266,9 +266,9 @@ async def cluster_section(work: Path) -> None:
     from lightkube import Client, KubeConfig, codecs
     from lightkube.resources.core_v1 import Node, Pod
 
-    from accel_core.devtools.controlplane import ControlPlane
-    from accel_core.devtools.kubeletnode import KubeletNode
-    from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
+    from accel_rig.controlplane import ControlPlane
+    from accel_rig.kubeletnode import KubeletNode
+    from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 
     _title("Real kubelets on a real control plane: an EFA pod, a Neuron device-plugin pod, a Neuron DRA pod")
     if missing_binaries(kube_bin_dir()):
@@ -364,10 +364,10 @@ async def containerd_section(work: Path) -> None:
     from lightkube.resources.apps_v1 import DaemonSet
     from lightkube.resources.core_v1 import Node, Pod
 
-    from accel_core.devtools.containerdnode import BUSYBOX_IMAGE, RuntimeBinaries
-    from accel_core.devtools.controlplane import ControlPlane
-    from accel_core.devtools.kubeletnode import CONTAINERD, KubeletNode
-    from accel_core.devtools.kubeversions import kube_bin_dir, missing_binaries
+    from accel_rig.containerdnode import BUSYBOX_IMAGE, RuntimeBinaries
+    from accel_rig.controlplane import ControlPlane
+    from accel_rig.kubeletnode import CONTAINERD, KubeletNode
+    from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 
     _title("Real containers: helm install of the EFA chart on a containerd node, and a workload's own /dev")
     bins = RuntimeBinaries.default()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from accel_core.devtools import certs
-from accel_core.devtools.controlplane_errors import ControlPlaneError
+from accel_rig import certs
+from accel_rig.controlplane_errors import ControlPlaneError
 
 SERVICE_CIDR = "10.0.0.0/24"
 #: The "kubernetes" Service's address (first of ``SERVICE_CIDR``): the API server's certificate names it.

@@ -88,7 +88,7 @@ def missing_binaries(bin_dir: Path) -> list[str]:
 
 
 def repo_root() -> Path:
-    """The source checkout this module lives in (``accel_core/devtools/`` is two levels down)."""
+    """The source checkout this module lives in (``rig/accel_rig/`` is two levels down)."""
     return Path(__file__).resolve().parents[2]
 
 

@@ -1,13 +1,13 @@
 """Where the API server finds each containerd node of the rig (dev-only): one JSON file per node in the control
 plane's ``routes/`` directory, written by the node when it starts and read by the egress proxy
-(:mod:`accel_core.devtools.egressproxy`) on every connection.
+(:mod:`accel_rig.egressproxy`) on every connection.
 
 Each node gets a *slot* ``s`` (the lowest one no other live node of the control plane holds; a node keeps its slot
 across restarts). The slot gives it two things no other node of the cluster has:
 
 - ``127.0.0.(s+2)``: an address of the machine's loopback range (every 127/8 address is already on ``lo``, so
   nothing is added) where a forwarder serves the node's kubelet port, for tools on the machine;
-- ``10.(88+s).0.0/16``: the addresses its pods get (``tools/cni/accel-veth``), so a pod IP names its node.
+- ``10.(88+s).0.0/16``: the addresses its pods get (``rig/accel_rig/data/accel-veth``), so a pod IP names its node.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from accel_core.devtools.controlplane_processes import process_start_ticks
+from accel_rig.controlplane_processes import process_start_ticks
 
 #: Slots 0..MAX_SLOT: pods in 10.88.0.0/16 .. 10.198.0.0/16 (below the nodes' own 10.201.x.y), loopback
 #: 127.0.0.2 .. 127.0.0.112.
