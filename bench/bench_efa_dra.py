@@ -39,8 +39,8 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader
 from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_config
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.pluginserver import DraPlugin
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.store import ClaimStore
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
@@ -161,8 +161,8 @@ def lines(path: Path) -> int:
 
 
 def seam_figures() -> None:
-    for name, package, rule in (("Neuron", "neuron_dra/dra", "neuron_dra/health.py"),
-                                ("EFA", "efa_plugin/dra", "efa_plugin/health.py")):
+    for name, package, rule in (("Neuron", "neuron_dra/dra", "neuron_dra/health_rule.py"),
+                                ("EFA", "efa_plugin/dra", "efa_plugin/health_rule.py")):
         files = sorted((REPO / package).glob("*.py"))
         total = sum(lines(f) for f in files)
         detail = ", ".join(f"{f.name} {lines(f)}" for f in files)

@@ -29,10 +29,10 @@ from typing import Any
 from lightkube import AsyncClient, KubeConfig
 
 from neuron_dra.allocation import choose_cores, choose_devices
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.placement import NodeState, Request, place, score
 from neuron_dra.topology import Topology
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage
 
 NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"

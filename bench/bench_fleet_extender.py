@@ -38,7 +38,7 @@ from compare_common import console_script, rss_mib  # noqa: E402
 from fleet_common import Clients, create_node, delete_pods, fresh_namespace, parallel, rss_gib, time_pods  # noqa: E402
 from test_scheduler_extender_e2e import chart_tls, scheduler_config  # noqa: E402
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage  # noqa: E402
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage  # noqa: E402
 
 NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"

@@ -42,8 +42,8 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader
 from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_config
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.pluginserver import DraPlugin
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimRef
 from accel_core.fakehost import build_host

@@ -26,9 +26,9 @@ import psutil
 from fleet_shapes import scan_devices
 
 from accel_core.dra.cli import kube_client, kube_config
-from accel_core.dra.devices import SliceDevice, Taint, Version
 from accel_core.dra.nodelabels import AWS_TOPOLOGY_LABELS, NodeLabelWatch, with_attributes
 from accel_core.dra.publisher import SlicePublisher
+from accel_core.dra.slicemodel import SliceDevice, Taint, Version
 from accel_core.logs import setup_logging
 
 

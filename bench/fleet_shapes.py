@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from accel_core.awsfacts import catalog, ultraserver
-from accel_core.dra.devices import CounterSet, SliceDevice
+from accel_core.dra.daemon import dra_driver_version
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.publisher import build_slices
-from accel_core.dra.service import dra_driver_version
+from accel_core.dra.slicemodel import CounterSet, SliceDevice
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile

@@ -13,7 +13,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from accel_core.deviceplugin.server import DevicePluginServer, register_first
+from accel_core.deviceplugin.pluginserver import DevicePluginServer, register_first
 from accel_core.logs import kv
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME

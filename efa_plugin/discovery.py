@@ -8,7 +8,7 @@ that function's driver is ``efa`` or its IDs are vendor 0x1d0f / device 0xefa0-0
 Nothing here raises for a bad host file. An entry that cannot be identified becomes a *skipped* problem naming the
 path; a device that is identified but degraded (port not ACTIVE, device node missing, malformed ``numa_node``)
 carries *problems* that make it Unhealthy, each a typed :class:`~accel_core.health.Problem` whose kind the one
-EFA health rule (:mod:`efa_plugin.health`) reads.
+EFA health rule (:mod:`efa_plugin.health_rule`) reads.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.allocation import Topology
 from efa_plugin.discovery import CLASS_VERBS, EfaInventory, discover
-from efa_plugin.health import device_health
+from efa_plugin.health_rule import device_health
 from efa_plugin.scanner import EfaScanner
 
 log = logging.getLogger(__name__)

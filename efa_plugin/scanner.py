@@ -13,7 +13,7 @@ from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
 from efa_plugin import COEXISTENCE, RESOURCE_NAME
 from efa_plugin.discovery import CLASS_VERBS, DEV_IB, EfaDevice, EfaInventory, discover
-from efa_plugin.health import device_health, port_state_files, present, vanished
+from efa_plugin.health_rule import device_health, port_state_files, present, vanished
 
 RDMA_CM = f"{DEV_IB}/rdma_cm"
 

@@ -14,7 +14,7 @@ Sources (all below the host root of :class:`~accel_core.paths.HostPaths`):
 
 Nothing here raises for bad host files: each bad value becomes a problem string naming the file, and the value
 falls back to the instance catalog (or the architecture's defaults). A problem that matters for health is a typed
-:class:`~accel_core.health.Problem` (device gone, /dev node gone); :mod:`neuron_dra.health` is the one rule that
+:class:`~accel_core.health.Problem` (device gone, /dev node gone); :mod:`neuron_dra.health_rule` is the one rule that
 turns these and the ECC counters into device health, for the device plugin and the DRA driver alike.
 """
 

@@ -20,8 +20,7 @@ from pathlib import Path
 from accel_core.coexistence import Coexistence
 from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
-from neuron_dra import COEXISTENCE, DEVICE_PREFIX, NEURON_RESOURCE, NEURONCORE_RESOURCE
-from neuron_dra import health as health_rule
+from neuron_dra import COEXISTENCE, DEVICE_PREFIX, NEURON_RESOURCE, NEURONCORE_RESOURCE, health_rule
 from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover, refresh_state
 
 

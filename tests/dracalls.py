@@ -1,4 +1,4 @@
-"""A DRA driver's calls as production makes them (:class:`~accel_core.dra.plugin.DraPlugin`, in a DRA server
+"""A DRA driver's calls as production makes them (:class:`~accel_core.dra.pluginserver.DraPlugin`, in a DRA server
 thread): the claims read first, then the request prepared, both in a worker thread with the event loop free for
 readers whose client belongs to it. For tests that call a driver or a plugin without the gRPC server."""
 
@@ -12,8 +12,8 @@ import msgspec
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.config import OpaqueEntry, configs_for_requests
-from accel_core.dra.driver import DraDriver
-from accel_core.dra.plugin import DraPlugin, Results
+from accel_core.dra.pluginserver import DraPlugin, Results
+from accel_core.dra.preparation import DraDriver
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.types import ClaimRef, PreparedDevice
 

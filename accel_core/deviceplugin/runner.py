@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from accel_core.deviceplugin.handover import DraHandover
-from accel_core.deviceplugin.server import DevicePluginServer
+from accel_core.deviceplugin.pluginserver import DevicePluginServer
 from accel_core.healthpoll import FilePoller, PollTimer
 from accel_core.logs import kv
 from accel_core.watch import ChangeWatcher

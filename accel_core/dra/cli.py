@@ -54,10 +54,7 @@ from accel_core.cli import (
 from accel_core.daemon import catch_stop_signals, run_daemon
 from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
-from accel_core.dra.plugin import instance_lock_path
-from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
-from accel_core.dra.publisher import SlicePublisher, build_slices
-from accel_core.dra.service import (
+from accel_core.dra.daemon import (
     DEFAULT_HEALTH_POLL_INTERVAL,
     DEFAULT_HEALTHCHECK_PORT,
     DEFAULT_MIN_SLICE_WRITE_INTERVAL,
@@ -65,6 +62,9 @@ from accel_core.dra.service import (
     DraService,
     dra_driver_version,
 )
+from accel_core.dra.pluginserver import instance_lock_path
+from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
+from accel_core.dra.publisher import SlicePublisher, build_slices
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER
 from accel_core.dra.webhookserver import TlsFileError, WebhookServer
 from accel_core.dra.webhookserver import server_context as webhook_tls

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from accel_core.backoff import Backoff, wait_or_stop
-from accel_core.dra.devices import MAX_ATTRIBUTE_STRING, MAX_ATTRIBUTES_AND_CAPACITIES, SliceDevice
+from accel_core.dra.slicemodel import MAX_ATTRIBUTE_STRING, MAX_ATTRIBUTES_AND_CAPACITIES, SliceDevice
 from accel_core.logs import kv
 from accel_core.watch import STOP, wake
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from accel_core.dra.devices import CounterSet, SliceDevice, Taint
+from accel_core.dra.slicemodel import CounterSet, SliceDevice, Taint
 from accel_core.dra.types import DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.health import DeviceHealth

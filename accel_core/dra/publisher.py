@@ -24,7 +24,7 @@ line with that and nothing else:
 - an API server that silently drops fields (device taints behind a disabled feature gate) is detected by
   comparing what it returned with what was sent. Taints then fall back to leaving the tainted devices
   (NoSchedule/NoExecute) out of the slice; other dropped fields are logged once and accepted.
-The devices themselves, and their checks, are :mod:`accel_core.dra.devices`.
+The devices themselves, and their checks, are :mod:`accel_core.dra.slicemodel`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from accel_core.backoff import Backoff, wait_or_stop
-from accel_core.dra.devices import CounterSet, SliceDevice, Taint, quantity_value, validate_devices
+from accel_core.dra.slicemodel import CounterSet, SliceDevice, Taint, quantity_value, validate_devices
 from accel_core.logs import kv
 from accel_core.watch import STOP, TASK, wake
 

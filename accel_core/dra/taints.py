@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from accel_core.dra.devices import SliceDevice, Taint
 from accel_core.dra.profile import unhealthy_taint_key
+from accel_core.dra.slicemodel import SliceDevice, Taint
 from accel_core.health import DeviceHealth
 from accel_core.watch import STOP, wake
 

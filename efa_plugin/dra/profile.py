@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
 from accel_core.dra.config import decode_struct
-from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.nodelabels import AWS_TOPOLOGY_LABELS
 from accel_core.dra.profile import RequestEdits, Scan
+from accel_core.dra.slicemodel import AttributeValue, SliceDevice, Version
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths
@@ -37,7 +37,7 @@ from efa_plugin import DRA_DRIVER_NAME
 from efa_plugin.discovery import EfaDevice, EfaInventory
 from efa_plugin.dra.config import EfaParams
 from efa_plugin.dra.names import device_name
-from efa_plugin.health import device_health, present
+from efa_plugin.health_rule import device_health, present
 from efa_plugin.scanner import RDMA_CM, EfaScanner
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"

@@ -9,7 +9,7 @@ from typing import Any
 from accel_core.awsfacts import ultraserver
 from accel_core.paths import HostPaths
 from neuron_dra import COEXISTENCE
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.discovery import NeuronInventory, discover
 
 GIB = 1024**3

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from accel_core.hostfiles import HostValueError, read_int
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.deviceplugin.node import NeuronNode
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
 from neuron_dra.discovery import CLASS_DIR
 
 ECC_EVENT_TYPES = ("mem_ecc_uncorrected", "mem_ecc_repairable_uncorrected", "sram_ecc_uncorrected")

@@ -16,8 +16,8 @@ from accel_core.hostfiles import parse_index
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from neuron_dra import discovery
-from neuron_dra.deviceplugin.health import HealthTracker
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
+from neuron_dra.deviceplugin.health_tracker import HealthTracker
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.discovery import NeuronInventory
 from neuron_dra.edits import CoreNumbering
 from neuron_dra.scanner import NeuronScanner

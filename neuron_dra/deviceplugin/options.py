@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from accel_core.cli import EnvFlag, node_name, seconds, seconds_or_zero
 from accel_core.paths import ENV_NODE_NAME
 from neuron_dra import NEURON_SOCKET, NEURONCORE_SOCKET
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.runtime_env import CORE_NUMBERING_FLAG, CoreNumbering
 
 #: resource -> socket, in registration order

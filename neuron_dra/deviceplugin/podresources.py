@@ -2,7 +2,7 @@
 for the Neuron IDs every container holds.
 
 The socket is ``<kubelet-root>/pod-resources/kubelet.sock``. Each successful List replaces the listed in-use sets
-of the :class:`~neuron_dra.deviceplugin.usage.UsageTracker`; a failed one keeps what is known (see usage.py).
+of the :class:`~neuron_dra.deviceplugin.inuse.UsageTracker`; a failed one keeps what is known (see usage.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.logs import kv
 from accel_core.podresources import PodResourcesClient, PodResourcesUnavailable, devices_by_pod, devices_in_use
 from accel_core.watch import EVENT, STOP, wake
-from neuron_dra.deviceplugin.usage import RESOURCES, UsageTracker
+from neuron_dra.deviceplugin.inuse import RESOURCES, UsageTracker
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from accel_core.edits import ContainerEdits
 from accel_core.hostfiles import parse_index
 from accel_core.logs import kv
 from neuron_dra.allocation import Choice, choose_cores, choose_devices
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.deviceplugin.node import NeuronNode
 from neuron_dra.deviceplugin.options import NEURON_SOCKET, NEURONCORE_SOCKET
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
 from neuron_dra.edits import container_edits
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 from accel_core.hostfiles import parse_index
 from accel_core.ownnode import OwnNode
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.deviceplugin.node import NeuronNode
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage
 
 
 def _ints(ids: frozenset[str]) -> frozenset[int]:

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from accel_core.deviceplugin.server import DevicePluginServer, register_first
+from accel_core.deviceplugin.pluginserver import DevicePluginServer, register_first
 from accel_core.paths import HostPaths
 from neuron_dra import COEXISTENCE
 from neuron_dra.deviceplugin.options import REGISTRATIONS, ServeOptions

@@ -22,9 +22,9 @@ An unhealthy device keeps its entry and gets the taint ``neuron.aws.com/unhealth
 from __future__ import annotations
 
 from accel_core.awsfacts.neuron_efa import neuron_device_group_ids
-from accel_core.dra.devices import AttributeValue, SliceDevice, Version
 from accel_core.dra.nodelabels import AWS_TOPOLOGY_LABELS
 from accel_core.dra.profile import unhealthy_taint_key
+from accel_core.dra.slicemodel import AttributeValue, SliceDevice, Version
 from accel_core.hostfiles import parse_index
 from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory

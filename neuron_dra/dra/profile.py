@@ -4,7 +4,7 @@
   UltraServer node also ``neuron-node`` (the node's share, excluding the chips by a shared counter) and the
   UltraServer node labels (:mod:`.ultraserver`);
 - host side: the Neuron host scanner the device plugin uses too (:mod:`neuron_dra.scanner`): health under
-  :mod:`neuron_dra.health` (device or /dev node gone, uncorrected ECC errors) becomes a taint and the kubelet's
+  :mod:`neuron_dra.health_rule` (device or /dev node gone, uncorrected ECC errors) becomes a taint and the kubelet's
   health stream; the uncorrected-error counters are the health files the core polls between rescans; a vanished
   device keeps the PCI address, PCIe root and NUMA node it had, so its published identity stays put while it is
   gone (only its taint changes) and it comes back unchanged; the coexistence guard;
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from accel_core.awsfacts import ultraserver as us_facts
-from accel_core.dra.devices import CounterSet
 from accel_core.dra.profile import RequestEdits, Scan
+from accel_core.dra.slicemodel import CounterSet
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.paths import HostPaths

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from accel_core.awsfacts import ultraserver as us
 from accel_core.awsfacts.ultraserver import UltraServerIds
-from accel_core.dra.devices import AttributeValue, CounterSet, SliceDevice, Version
+from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice, Version
 from accel_core.dra.types import ClaimError
 
 NODE_DEVICE = "neuron-node"

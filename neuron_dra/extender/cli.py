@@ -22,12 +22,12 @@ from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.logs import kv, setup_logging
 from accel_core.metrics_http import serve_metrics
 from neuron_dra.accelerator import EXTENDER
-from neuron_dra.deviceusage import USAGE_ANNOTATION
 from neuron_dra.extender.decide import Decider, explain
 from neuron_dra.extender.podspec import BadInput, pod_info
 from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PER_NAMESPACE, MAX_PODS
 from neuron_dra.extender.service import ExtenderService, serve
 from neuron_dra.extender.tls import FollowedTls, TlsConfigError
+from neuron_dra.usage_annotation import USAGE_ANNOTATION
 
 log = logging.getLogger(__name__)
 

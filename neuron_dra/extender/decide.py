@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from accel_core.logs import kv
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
 from neuron_dra.extender.placement import MAX_SCORE, NodeState, Placement, place, score
 from neuron_dra.extender.podspec import BadInput, PodInfo, node_name_and_annotation, pod_info
 from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PODS, Reservation, ReservationBook
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
 
 log = logging.getLogger(__name__)
 

@@ -143,7 +143,7 @@ def test_reregisters_after_kubelet_restart_and_socket_deletion(short_tmp: Path) 
 
 
 def test_waits_for_absent_kubelet_and_no_devices(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.server")
+    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.pluginserver")
 
     async def scenario() -> None:
         policy = ListPolicy(0)

@@ -24,12 +24,11 @@ from hostcache import copy_host
 from lightkube import AsyncClient, KubeConfig
 
 import accel_core.dra.cdi as cdi_module
-import accel_core.dra.plugin as plugin_module
+import accel_core.dra.pluginserver as plugin_module
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.liveness import (
     SERVING,
     HealthCheckRequest,
@@ -37,7 +36,8 @@ from accel_core.dra.liveness import (
     LivenessServer,
     check_own_sockets,
 )
-from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.pluginserver import DraPlugin
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.store import ClaimStore
 from accel_core.fakehost import build_host
 from accel_core.health import DeviceHealth

@@ -20,9 +20,9 @@ from hostcache import copy_host
 from lightkube.resources.resource_v1 import ResourceClaim
 from lockspy import FlockBusySpy
 
-import accel_core.dra.plugin as plugin_module
+import accel_core.dra.pluginserver as plugin_module
+from accel_core.dra.daemon import DraService
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
-from accel_core.dra.service import DraService
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile

@@ -17,9 +17,9 @@ from accel_rig.kubelet_standin import KubeletStandIn
 from accel_rig.polling import until
 from hostcache import copy_host
 
-from accel_core.dra.devices import CounterSet, SliceDevice
+from accel_core.dra.daemon import DEFAULT_HEALTH_POLL_INTERVAL, DraService
 from accel_core.dra.profile import DraProfile
-from accel_core.dra.service import DEFAULT_HEALTH_POLL_INTERVAL, DraService
+from accel_core.dra.slicemodel import CounterSet, SliceDevice
 from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.paths import HostPaths

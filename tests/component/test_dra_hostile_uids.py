@@ -17,8 +17,8 @@ from hostcache import shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.pluginserver import DraPlugin
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.store import ClaimStore
 from efa_plugin.dra.profile import EfaProfile
 

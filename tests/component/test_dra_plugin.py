@@ -15,8 +15,8 @@ from accel_rig.kubelet_standin import KubeletStandIn, socket_files
 from dracalls import plugin_prepare
 from lockspy import FlockBusySpy
 
-import accel_core.dra.plugin as plugin_module
-from accel_core.dra.plugin import DraPlugin
+import accel_core.dra.pluginserver as plugin_module
+from accel_core.dra.pluginserver import DraPlugin
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 

@@ -15,7 +15,7 @@ import pytest
 from accel_rig.kubelet_standin import KubeletStandIn
 
 from accel_core.dra.logtext import LOG_TEXT_MAX, Throttle, cut
-from accel_core.dra.plugin import REGISTRATION_STATUS_KEPT, DraPlugin
+from accel_core.dra.pluginserver import REGISTRATION_STATUS_KEPT, DraPlugin
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.status import MAX_PENDING, DeviceStatusWriter
 from accel_core.dra.types import ClaimRef, DeviceHealthReport, DeviceStatusData, PreparedDevice
@@ -63,7 +63,7 @@ def test_throttle_logs_once_per_period_then_counts(caplog: pytest.LogCaptureFixt
 
 def test_two_hundred_rejections_with_one_mib_errors_keep_little_and_log_short_lines(
         short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "accel_core.dra.plugin")
+    caplog.set_level(logging.INFO, "accel_core.dra.pluginserver")
 
     async def scenario() -> tuple[int, list[tuple[bool, str]]]:
         standin = KubeletStandIn(short_tmp / "kubelet")

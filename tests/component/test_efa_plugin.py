@@ -152,7 +152,7 @@ def test_device_removed_and_restored(short_tmp: Path) -> None:
 
 
 def test_no_efa_node_registers_when_devices_appear(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.server")
+    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.pluginserver")
 
     async def scenario() -> None:
         async with node(short_tmp, "p4d.24xlarge", efa=False) as n:

@@ -9,10 +9,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.httpserver import HttpServer
 from neuron_dra.extender.service import ExtenderService
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage
 
 NEURON = "aws.amazon.com/neuron"
 

@@ -13,12 +13,12 @@ import pytest
 from accel_rig.certs import issue, make_ca
 from prometheus_client import CollectorRegistry
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.cli import main
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.httpserver import HttpServer
 from neuron_dra.extender.service import ExtenderService
 from neuron_dra.extender.tls import TlsConfigError, server_context
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage
 
 NEURON = "aws.amazon.com/neuron"
 

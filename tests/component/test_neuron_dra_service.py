@@ -19,8 +19,8 @@ from cdi_oracle import assert_cdi_accepts
 from hostcache import copy_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from accel_core.dra.daemon import DraService
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
-from accel_core.dra.service import DraService
 from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr

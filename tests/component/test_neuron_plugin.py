@@ -164,7 +164,7 @@ def test_restart_learns_usage_before_advertising(short_tmp: Path) -> None:
 
 
 def test_node_without_neuron_keeps_running(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.server")
+    caplog.set_level(logging.INFO, logger="accel_core.deviceplugin.pluginserver")
 
     async def scenario() -> None:
         async with running(short_tmp, "c5.large") as r:

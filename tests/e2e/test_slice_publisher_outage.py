@@ -20,8 +20,8 @@ from accel_rig.controlplane import ControlPlane
 from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.dra.devices import SliceDevice
 from accel_core.dra.publisher import SlicePublisher
+from accel_core.dra.slicemodel import SliceDevice
 
 DRIVER = "outage.example.com"
 NODE = "outage-node"

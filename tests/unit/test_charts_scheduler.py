@@ -9,7 +9,7 @@ import pytest
 import yaml
 from chart_render import NEURON_CHART, Rendered, RenderError, container, env_of, find_or_build_helm, template
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION
+from neuron_dra.usage_annotation import USAGE_ANNOTATION
 
 NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"

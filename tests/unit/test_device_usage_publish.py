@@ -10,9 +10,9 @@ from accel_core.fakehost import build_host
 from accel_core.ownnode import OwnNode
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import NeuronCorePolicy, NeuronDevicePolicy, NeuronNode
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.deviceplugin.publish import UsagePublisher
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE
-from neuron_dra.deviceusage import USAGE_ANNOTATION, parse_usage
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, parse_usage
 
 
 def test_allocate_and_pod_resources_reach_the_annotation(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from hostcache import copy_host, shared_host
 from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
-from accel_core.dra.devices import MAX_ATTRIBUTES_AND_CAPACITIES, SliceDevice, validate_devices
 from accel_core.dra.nodelabels import AWS_TOPOLOGY_LABELS, label_attributes, with_attributes
+from accel_core.dra.slicemodel import MAX_ATTRIBUTES_AND_CAPACITIES, SliceDevice, validate_devices
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile

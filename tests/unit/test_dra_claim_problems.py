@@ -34,7 +34,7 @@ from accel_core.dra.claimreport import (
     health_status_patch,
     problem_status_patch,
 )
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim, PreparedRequest
 from accel_core.dra.reporter import ClaimReporter
 from accel_core.dra.status import status_patch

@@ -25,7 +25,7 @@ from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.status import DeviceStatusWriter, status_patch

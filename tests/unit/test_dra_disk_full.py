@@ -23,7 +23,7 @@ import accel_core.dra.cdi as cdi_module
 import accel_core.dra.checkpoint as checkpoint_module
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.paths import HostPaths

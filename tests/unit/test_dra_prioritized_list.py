@@ -18,7 +18,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimRef
 from accel_core.paths import HostPaths

@@ -19,8 +19,8 @@ from lightkube.models.resource_v1 import ResourceSliceSpec
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
-from accel_core.dra.devices import SliceDevice, Taint, quantity
 from accel_core.dra.publisher import SlicePublisher, build_slices, spec_key, without_taints
+from accel_core.dra.slicemodel import SliceDevice, Taint, quantity
 
 DRIVER = "toy.example.com"
 NODE = "node-a"

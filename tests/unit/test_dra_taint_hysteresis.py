@@ -16,8 +16,8 @@ import pytest
 from accel_rig.polling import until
 from test_dra_slices import DRIVER, FakeApi, devices, run_with, watching
 
-from accel_core.dra.devices import SliceDevice, Taint
 from accel_core.dra.publisher import SlicePublisher
+from accel_core.dra.slicemodel import SliceDevice, Taint
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints
 from accel_core.health import DeviceHealth
 from neuron_dra.dra.cli import CLI

@@ -21,9 +21,9 @@ from accel_core.awsfacts import catalog
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.config import ConfigError
-from accel_core.dra.devices import SliceDevice, Version, validate_devices
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.profile import tainted
+from accel_core.dra.slicemodel import SliceDevice, Version, validate_devices
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.fakehost import FakeHost

@@ -16,10 +16,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from test_extender_trust import FakeApi, metric
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.pending import PendingPods
 from neuron_dra.extender.service import ExtenderService
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage
 
 NEURON, NEURONCORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
 ONE_ROW_FREE = DeviceUsage("torus4x4", 16, 4, neuron=frozenset(range(12))).to_json()

@@ -18,12 +18,12 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 from prometheus_client import CollectorRegistry
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage
 from neuron_dra.extender.decide import Decider
 from neuron_dra.extender.pending import PendingPods
 from neuron_dra.extender.podspec import pod_info
 from neuron_dra.extender.reservations import ReservationBook
 from neuron_dra.extender.service import ExtenderService
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage
 
 NEURON = "aws.amazon.com/neuron"
 FREE = DeviceUsage("torus4x4", 16, 4).to_json()  # a trn2.48xlarge with nothing in use

@@ -36,9 +36,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from accel_core.dra.devices import validate_devices
 from accel_core.dra.profile import tainted
 from accel_core.dra.publisher import build_slices
+from accel_core.dra.slicemodel import validate_devices
 from accel_core.paths import HostPaths
 from efa_plugin import cli as efa_cli
 from efa_plugin.discovery import EfaInventory
@@ -54,7 +54,7 @@ from neuron_dra.discovery import NeuronInventory
 from neuron_dra.discovery import discover as discover_neuron
 from neuron_dra.dra import cli as dra_cli
 from neuron_dra.dra.attributes import device_name, slice_devices
-from neuron_dra.health import assess
+from neuron_dra.health_rule import assess
 
 EFA_HOST = "p4d.24xlarge"  # 4 EFAs next to 8 GPUs
 NEURON_HOST = "trn1.32xlarge"  # 16 Neuron devices on a 4x4 torus, 8 EFAs mapped to them

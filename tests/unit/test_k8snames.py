@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from accel_core import cli
 from accel_core.dra.claims import check_claim_ref
-from accel_core.dra.devices import SliceDevice, SliceValidationError, Taint, Version, validate_device
+from accel_core.dra.slicemodel import SliceDevice, SliceValidationError, Taint, Version, validate_device
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.k8snames import is_c_identifier, is_label, is_name_part, is_subdomain, is_uid
 

@@ -60,7 +60,7 @@ def test_a_dra_driver_is_a_profile_and_a_three_line_cli() -> None:
     # what a second driver added: a profile and a CLI naming it; no DRA machinery of its own
     for package in [f"{p}/dra" for p in PACKAGES if (REPO / p / "dra").is_dir()]:
         modules = {p.name for p in (REPO / package).glob("*.py")}
-        for machinery in ("driver.py", "store.py", "cleanup.py", "claims.py", "service.py", "prepared.py"):
+        for machinery in ("preparation.py", "store.py", "cleanup.py", "claims.py", "daemon.py", "prepared.py"):
             assert machinery not in modules, f"{package}/{machinery}: driver machinery belongs in accel_core/dra"
         cli = (REPO / package / "cli.py").read_text()
         assert "DriverCli(" in cli and "argparse" not in cli

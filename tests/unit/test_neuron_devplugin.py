@@ -17,12 +17,12 @@ from accel_core.metrics import CallbackCollector
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import NeuronCorePolicy, NeuronDevicePolicy, NeuronNode
 from neuron_dra.deviceplugin.cli import main
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
 from neuron_dra.deviceplugin.podresources import in_use_from
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.discovery import discover
 from neuron_dra.dra.profile import NeuronProfile
-from neuron_dra.health import device_health
+from neuron_dra.health_rule import device_health
 
 
 class Clock:

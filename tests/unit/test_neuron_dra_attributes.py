@@ -11,21 +11,21 @@ from neuron_listings import TRN2_48XLARGE_GUIDE
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
-from accel_core.dra.devices import (
+from accel_core.dra.profile import tainted
+from accel_core.dra.publisher import build_slices
+from accel_core.dra.slicemodel import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     SliceDevice,
     SliceValidationError,
     Version,
     validate_devices,
 )
-from accel_core.dra.profile import tainted
-from accel_core.dra.publisher import build_slices
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
 from neuron_dra.dra.profile import NeuronProfile
-from neuron_dra.health import assess
+from neuron_dra.health_rule import assess
 
 NEURON_TYPES = [t for t in catalog.names() if catalog.get(t).neuron is not None]
 

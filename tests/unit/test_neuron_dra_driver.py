@@ -25,9 +25,9 @@ from accel_core.dra import checkpoint
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
 from accel_core.dra.cleanup import StaleClaimCleaner
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.metrics import DriverMetrics
-from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.pluginserver import DraPlugin
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef

@@ -12,8 +12,8 @@ from accel_rig.polling import until
 from accel_core.healthpoll import FilePoller, PollTimer
 from accel_core.watch import EVENT, STOP, wake
 from neuron_dra.deviceplugin import podresources
+from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.deviceplugin.podresources import PodResourcesPoller
-from neuron_dra.deviceplugin.usage import NEURON, NEURONCORE, UsageTracker
 
 
 def test_poll_timer_calls_back_only_after_a_change(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from neuron_dra.deviceusage import USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
 from neuron_dra.extender.decide import Decider, explain
 from neuron_dra.extender.podspec import BadInput, pod_info
+from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
 
 NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from accel_core.dra.devices import SliceDevice, SliceValidationError, quantity_value, validate_devices
+from accel_core.dra.slicemodel import SliceDevice, SliceValidationError, quantity_value, validate_devices
 
 
 @pytest.mark.parametrize(("text", "value"), [

@@ -20,8 +20,8 @@ from hostcache import copy_host, shared_host
 
 from accel_core.awsfacts.ultraserver import UltraServerIds, fake_ids, node_labels
 from accel_core.dra.config import OpaqueEntry
-from accel_core.dra.devices import CounterSet, SliceDevice, SliceValidationError, validate_devices
 from accel_core.dra.publisher import build_slices, spec_key
+from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationError, validate_devices
 from accel_core.dra.types import ClaimError
 from accel_core.fakehost import FakeHost, FakeHostError, build_host, cli
 from accel_core.paths import HostPaths

@@ -11,8 +11,8 @@ import msgspec
 
 from accel_core.dra.cli import DriverCli
 from accel_core.dra.config import decode_struct
-from accel_core.dra.devices import SliceDevice, Version
 from accel_core.dra.profile import RequestEdits, Scan
+from accel_core.dra.slicemodel import SliceDevice, Version
 from accel_core.dra.types import ClaimError
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.paths import HostPaths

@@ -13,9 +13,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from accel_core.deviceplugin.cli import DevicePluginCli
+from accel_core.deviceplugin.pluginserver import DevicePluginServer
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
 from accel_core.deviceplugin.runner import serve_device_plugins
-from accel_core.deviceplugin.server import DevicePluginServer
 from accel_core.edits import ContainerEdits, DeviceNode
 from accel_core.metrics import serve_metrics
 from accel_core.paths import HostPaths

@@ -35,17 +35,17 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
 from accel_core.dra.claims import ApiClaimReader, ClaimReader
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
-from accel_core.dra.devices import SliceValidationError, Taint
-from accel_core.dra.driver import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.nodelabels import NODE_LABELS_WAIT_S, NodeLabelWatch, with_attributes
-from accel_core.dra.plugin import DraPlugin
+from accel_core.dra.pluginserver import DraPlugin
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile, Scan
 from accel_core.dra.publisher import SlicePublisher
 from accel_core.dra.reporter import ClaimReporter
+from accel_core.dra.slicemodel import SliceValidationError, Taint
 from accel_core.dra.status import DeviceStatusWriter
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints

@@ -1,4 +1,4 @@
-"""Device health for the device plugin: the one Neuron rule (:mod:`neuron_dra.health`), remembered across
+"""Device health for the device plugin: the one Neuron rule (:mod:`neuron_dra.health_rule`), remembered across
 rediscoveries so changes are logged once and ListAndWatch is re-sent only when something changed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
 from neuron_dra.discovery import NeuronInventory
-from neuron_dra.health import device_health
+from neuron_dra.health_rule import device_health
 
 log = logging.getLogger(__name__)
 
