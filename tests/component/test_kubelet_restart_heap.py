@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from probed_daemon import DAEMONS, ProbedDaemon
 
-WARMUP, RESTARTS = 200, 300
+WARMUP, RESTARTS, WINDOWS = 200, 300, 2
 #: bytes per restart: ~10x what the daemons keep (under +10 B), a quarter of one abandoned gRPC batch per restart
 LIMIT_PER_RESTART = 100
 #: RSS over the restarts after the warm-up (measured here: +0.02-0.07 MB; +0.1-0.2 MB more come in the first ~200
@@ -34,20 +34,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("script", sorted(DAEMONS))
 def test_native_heap_and_rss_stay_flat_across_kubelet_restarts(short_tmp: Path, script: str) -> None:
-    async def scenario() -> tuple[int, int, int, int]:
+    """The heap is read after the warm-up and after each of two windows of restarts. Memory kept per restart grows
+    in both windows; a one-off step (a dict or buffer that grows once, seen under a loaded full run: +30 KB in one
+    window) grows in one only, so the smaller window's rate is the one held to the limit."""
+    async def scenario() -> tuple[list[int], int, int]:
         async with ProbedDaemon(short_tmp, script, env=image_env()) as daemon:
             for _ in range(WARMUP):
                 await daemon.restart_kubelet()
-            before, rss_before = await least_heap_in_use(daemon), daemon.process.memory_info().rss
-            for _ in range(RESTARTS):
-                await daemon.restart_kubelet()
-            after, rss_after = await least_heap_in_use(daemon), daemon.process.memory_info().rss
-            return before, after, rss_before, rss_after
+            heaps, rss_before = [await least_heap_in_use(daemon)], daemon.process.memory_info().rss
+            for _ in range(WINDOWS):
+                for _ in range(RESTARTS // WINDOWS):
+                    await daemon.restart_kubelet()
+                heaps.append(await least_heap_in_use(daemon))
+            return heaps, rss_before, daemon.process.memory_info().rss
 
-    before, after, rss_before, rss_after = asyncio.run(scenario())
-    per_restart = (after - before) / RESTARTS
-    assert per_restart < LIMIT_PER_RESTART, (
-        f"{script}: native heap grew {after - before:+} B over {RESTARTS} kubelet restarts ({per_restart:+.0f} B each)")
+    heaps, rss_before, rss_after = asyncio.run(scenario())
+    rates = [(b - a) / (RESTARTS // WINDOWS) for a, b in zip(heaps, heaps[1:], strict=False)]
+    assert min(rates) < LIMIT_PER_RESTART, (
+        f"{script}: native heap grew {heaps[-1] - heaps[0]:+} B over {RESTARTS} kubelet restarts "
+        f"({', '.join(f'{r:+.0f}' for r in rates)} B each, per window)")
     assert rss_after - rss_before < RSS_LIMIT, (
         f"{script}: RSS grew {(rss_after - rss_before) / 1e6:+.2f} MB over {RESTARTS} kubelet restarts")
 
