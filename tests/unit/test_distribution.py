@@ -49,3 +49,16 @@ def test_the_wheel_requires_nothing_dev_only(wheel: zipfile.ZipFile) -> None:
     rig_only = {_name(r) for r in RIG["project"]["dependencies"]} - {"aws-accel-agents"}
     assert {"cryptography", "psutil"} <= rig_only
     assert required and not required & (dev | rig_only), sorted(required & (dev | rig_only))
+
+
+def test_the_rig_wheel_carries_its_data_files(tmp_path: Path) -> None:
+    """Installed from its wheel (not a checkout), the rig still finds the pod network's CNI plugin it copies onto
+    each containerd node: it is package data, executable."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path), str(REPO / "rig")], check=True, capture_output=True, timeout=300)
+    (built,) = tmp_path.glob("aws_accel_agents_rig-*.whl")
+    with zipfile.ZipFile(built) as rig:
+        info = rig.getinfo("accel_rig/data/accel-veth")
+        assert info.external_attr >> 16 & 0o111, "the CNI plugin lost its executable bit"
+        assert rig.read(info).startswith(b"#!")
+        assert not [n for n in rig.namelist() if n.startswith(("accel_core/", "efa_plugin/", "neuron_dra/"))]
