@@ -5,8 +5,9 @@ line with that and nothing else:
 
 - pool name = node name, ``spec.nodeName`` set, an owner reference to the Node (its UID looked up once), slices
   named ``<node>-<driver>-<random>`` by the API server;
-- at most 128 devices per slice (64 when any device carries taints), so a large pool spans several slices that
-  all carry ``resourceSliceCount``;
+- at most 128 devices per slice (64 when any device carries taints or consumes counters), and shared counters in
+  slices of their own, at most 8 counter sets each, so a large pool spans several slices that all carry
+  ``resourceSliceCount``;
 - nothing is written before the driver hands over its first complete device list, and nothing while what the
   server holds already matches it (checked on start, after every watch event and every change), so an idle node
   causes no writes at all; a change writes every slice of the pool with the pool generation bumped;
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
 
 
 def without_taints(devices: Sequence[SliceDevice]) -> list[SliceDevice]:
@@ -81,15 +83,17 @@ def build_slices(
 ) -> list[ResourceSlice]:
     """The ResourceSlice objects for one pool; no devices gives no slices.
 
-    Shared ``counters`` go in a slice of their own, first (a slice holds devices or counters, never both).
+    Shared ``counters`` go in slices of their own, first (a slice holds devices or counters, never both), at most
+    8 counter sets each.
     The owner reference to the Node is included when ``node_uid`` is known.
     """
     if not devices:
         return []
     limited = any(d.taints or d.consumes for d in devices)
     size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
-    parts: list[tuple[list[api.Device] | None, list[api.CounterSet] | None]] = (
-        [(None, [c.to_api() for c in counters])] if counters else [])
+    parts: list[tuple[list[api.Device] | None, list[api.CounterSet] | None]] = [
+        (None, [c.to_api() for c in counters[i:i + MAX_COUNTER_SETS_PER_SLICE]])
+        for i in range(0, len(counters), MAX_COUNTER_SETS_PER_SLICE)]
     parts += [([d.to_api() for d in devices[i:i + size]], None) for i in range(0, len(devices), size)]
     return [ResourceSlice(
         metadata=ObjectMeta(generateName=f"{node_name}-{driver}-", ownerReferences=[OwnerReference(

@@ -21,6 +21,8 @@ from accel_core.k8snames import is_c_identifier, is_label, is_name_part, is_subd
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_STRING = 64
 MAX_TAINTS_PER_DEVICE = 4
+MAX_COUNTERS_PER_SET = 32
+MAX_COUNTER_CONSUMPTIONS_PER_DEVICE = 2
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 INT64_MAX = 2**63 - 1
 
@@ -194,14 +196,25 @@ def validate_device(device: SliceDevice) -> None:
 
 
 def validate_devices(devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None:
-    """Validate every device, that names are unique within the pool, and that consumed counters exist."""
+    """Validate every device, that names are unique within the pool, the counter sets (DNS-label names, unique,
+    1 to 32 counters), and that a device consumes from at most 2 sets, and only counters that exist."""
+    known: dict[str, Mapping[str, int]] = {}
+    for cs in counters:
+        bad = [n for n in (cs.name, *cs.counters) if not is_label(n)]
+        if bad or cs.name in known or not 0 < len(cs.counters) <= MAX_COUNTERS_PER_SET:
+            why = (f"{bad[0]!r} is not a DNS label" if bad else "name used twice in the pool" if cs.name in known
+                   else f"{len(cs.counters)} counters, not 1 to {MAX_COUNTERS_PER_SET}")
+            raise SliceValidationError(f"counter set {cs.name!r}: {why}")
+        known[cs.name] = cs.counters
     seen: set[str] = set()
-    known = {c.name: c.counters for c in counters}
     for device in devices:
         validate_device(device)
         if device.name in seen:
             raise SliceValidationError(f"device {device.name}: name used twice in the pool")
         seen.add(device.name)
+        if len(device.consumes) > MAX_COUNTER_CONSUMPTIONS_PER_DEVICE:
+            raise SliceValidationError(f"device {device.name}: consumes from {len(device.consumes)} counter sets, "
+                                       f"more than {MAX_COUNTER_CONSUMPTIONS_PER_DEVICE}")
         for cs, used in device.consumes.items():
             missing = [c for c in used if c not in known.get(cs, {})]
             if cs not in known:

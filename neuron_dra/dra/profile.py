@@ -19,17 +19,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from accel_core.awsfacts import ultraserver as us_facts
 from accel_core.dra.profile import RequestEdits, Scan
-from accel_core.dra.slicemodel import CounterSet
+from accel_core.dra.slicemodel import CounterSet, SliceDevice
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.paths import HostPaths
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
+from neuron_dra.dra import cores
 from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import NODE_LABEL_ATTRIBUTES, device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
@@ -44,9 +45,12 @@ class NeuronProfile:
     metrics_prefix: str = "neuron_dra"
     default_config: NeuronConfig = NeuronConfig()
 
-    def __init__(self, scanner: NeuronScanner | None = None, *, core_numbering: CoreNumbering = "container") -> None:
+    def __init__(self, scanner: NeuronScanner | None = None, *, core_numbering: CoreNumbering = "container",
+                 core_devices: str = "off") -> None:
         self.scanner = scanner if scanner is not None else NeuronScanner()
         self.core_numbering: CoreNumbering = core_numbering
+        self.core_devices = core_devices == "on"
+        """Publish each chip's NeuronCores as devices too (:mod:`.cores`)."""
 
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[NeuronInventory]:
         host = self.scanner.scan(paths)
@@ -55,12 +59,20 @@ class NeuronProfile:
         summary = dict(host.summary)
         devices = slice_devices(inv, dra_version)
         counters: tuple[CounterSet, ...] = ()
+        if self.core_devices and devices:
+            parts, chip_sets = cores.partitioned(inv, devices, dra_version)
+            devices, counters = parts, tuple(chip_sets)
+            for dev in devices:  # a core is as healthy as its chip
+                core = cores.parse_core_device(dev.name)
+                if core is not None:
+                    health[dev.name] = health[device_name(core[0])]
         ids = inv.ultraserver
         if ids is not None and devices:
-            devices = [replace(d, consumes=us_dra.chip_consumes()) for d in devices]
+            node_cores = sum(d.core_count for d in inv.devices if d.core_count > 0) if self.core_devices else 0
+            devices = [replace(d, consumes={**d.consumes, **self._us_consumes(d, inv.lnc)}) for d in devices]
             devices.append(us_dra.node_device(ids, inv.instance_type, inv.driver_version, dra_version,
-                                              len(inv.devices)))
-            counters = (us_dra.chip_counters(len(inv.devices)),)
+                                              len(inv.devices), node_cores))
+            counters = (*counters, us_dra.chip_counters(len(inv.devices), node_cores))
             sick = next((h for h in health.values() if not h.healthy), None)
             if sick is not None:  # the node's share is only as good as its worst chip
                 health[us_dra.NODE_DEVICE] = sick
@@ -68,14 +80,21 @@ class NeuronProfile:
         return Scan(inv, tuple(devices), health, host.problems, summary, counters=counters,
                     node_labels=us_facts.node_labels(ids), node_label_attributes=NODE_LABEL_ATTRIBUTES)
 
+    @staticmethod
+    def _us_consumes(device: SliceDevice, lnc: int | None) -> dict[str, dict[str, int]]:
+        """What a chip or core device consumes of the UltraServer node's ``neuron-chips`` set."""
+        if cores.parse_core_device(device.name) is not None:
+            return us_dra.core_consumes(lnc or 1)
+        return us_dra.chip_consumes()
+
     def decode_config(self, parameters: object, where: str) -> NeuronConfig:
         return decode_parameters(parameters, where)
 
     def container_edits(self, inventory: NeuronInventory, request: str, devices: Sequence[str],
                         config: NeuronConfig) -> RequestEdits:
-        """``/dev/neuron<i>`` per device (in index order) and the request's NeuronCore env."""
+        """``/dev/neuron<i>`` per device (in index order; a core device gets its chip's) and the request's
+        NeuronCore env: every logical core of its chips, and of its core devices only theirs."""
         by_index = {d.index: d for d in inventory.devices}
-        indices: list[int] = []
         whole_node = us_dra.NODE_DEVICE in devices
         if config.ultraserver_mode is not None and not whole_node:
             raise ClaimError(f"request {request}: an UltraServerConfig needs the node's {us_dra.NODE_RESOURCE_TYPE} "
@@ -86,15 +105,28 @@ class NeuronProfile:
                                  "UltraServer")
             devices = [*(d for d in devices if d != us_dra.NODE_DEVICE),
                        *(device_name(d.index) for d in inventory.devices)]
+        whole: set[int] = set()
+        parts: dict[int, set[int]] = {}  # chip -> physical cores of its core devices in the request
+        chip_of: dict[str, int] = {}
         for name in devices:
-            index = device_index(name)
+            core = cores.parse_core_device(name)
+            index = core[0] if core is not None else device_index(name)
             if index is None or index not in by_index:
                 raise ClaimError(f"device {name} (request {request}) is not a Neuron device of this node "
                                  f"(devices: {', '.join(device_name(i) for i in sorted(by_index)) or 'none'})")
-            if not by_index[index].present:
+            dev = by_index[index]
+            if not dev.present:
                 raise ClaimError(f"device {name} (request {request}) is not present on this node: "
-                                 f"{'; '.join(by_index[index].problems) or 'missing'}")
-            indices.append(index)
+                                 f"{'; '.join(dev.problems) or 'missing'}")
+            if core is None:
+                whole.add(index)
+            else:
+                count = cores.logical_cores(dev, inventory.lnc)
+                if core[1] >= count:
+                    raise ClaimError(f"device {name} (request {request}) is not a NeuronCore of this node: "
+                                     f"{device_name(index)} has {count} logical cores")
+                parts.setdefault(index, set()).update(cores.physical_cores(inventory.lnc, core[1]))
+            chip_of[name] = index
         lnc = config.logical_neuron_core
         if lnc is not None and not inventory.lnc_applies:
             kind = inventory.devices[0].device_name if inventory.devices else inventory.arch
@@ -102,19 +134,37 @@ class NeuronProfile:
             raise ClaimError(f"request {request}: logicalNeuronCore: {lnc} is set, but {node} ({kind}) has no "
                              "Logical NeuronCore setting")
         effective = lnc if lnc is not None else (inventory.lnc if inventory.lnc_applies else None)
-        cores: list[int] = []
+        width = effective or 1
+        indices = sorted(whole | set(parts))
         per_device = 1
-        for index in sorted(indices):
-            per_device = max(1, by_index[index].core_count // (effective or 1))
-            cores.extend(range(index * per_device, (index + 1) * per_device))
-        env = list(runtime_env(cores, cores_per_device=per_device, lnc=lnc, numbering=self.core_numbering))
+        local: dict[int, list[int]] = {}  # chip -> its logical cores (at ``effective``) the request may use
+        for index in indices:
+            per_device = max(1, by_index[index].core_count // width)
+            if index in whole:
+                local[index] = list(range(per_device))
+                continue
+            physical = parts[index]
+            local[index] = sorted({p // width for p in physical})
+            if any(not set(range(c * width, (c + 1) * width)) <= physical for c in local[index]):
+                names = ", ".join(n for n, i in chip_of.items() if i == index)
+                raise ClaimError(f"request {request}: logicalNeuronCore: {effective} needs whole pairs of physical "
+                                 f"cores, but {names} of {device_name(index)} is not (ask for 2 cores of one chip)")
+        core_ids = [index * per_device + c for index in indices for c in local[index]]
+        env = list(runtime_env(core_ids, cores_per_device=per_device, lnc=lnc, numbering=self.core_numbering))
         if config.ultraserver_mode is not None:
             env.extend(us_dra.runtime_env(inventory.ultraserver, config.ultraserver_mode, request,
                                           inventory.instance_type or "this node"))
-        edits = {device_name(i): ContainerEdits(device_nodes=(device_node(i),)) for i in sorted(indices)}
-        status = device_status([by_index[i] for i in sorted(indices)], effective, self.core_numbering)
+        edits = {name: ContainerEdits(device_nodes=(device_node(chip_of[name]),))
+                 for name in sorted(chip_of, key=lambda n: (chip_of[n], n))}
+        status = device_status([by_index[i] for i in indices if i in whole], effective, self.core_numbering,
+                               rank={i: r for r, i in enumerate(indices)})
+        for name, index in chip_of.items():
+            core = cores.parse_core_device(name)
+            if core is not None:
+                status[name] = core_status(by_index[index], core[1], inventory.lnc, effective, self.core_numbering,
+                                           indices.index(index))
         if whole_node:  # one device in the claim: all the node's /dev nodes go with it
-            nodes = tuple(n for e in edits.values() for n in e.device_nodes)
+            nodes = tuple(device_node(i) for i in indices)
             edits = {us_dra.NODE_DEVICE: ContainerEdits(device_nodes=nodes)}
             status = {us_dra.NODE_DEVICE: DeviceStatusData({
                 "neuronDevices": format_core_list(indices), "visibleCores": env[0][1],
@@ -122,15 +172,17 @@ class NeuronProfile:
         return RequestEdits(edits, ContainerEdits(env=tuple(env)), status)
 
 
-def device_status(devices: Sequence[NeuronDevice], lnc: int | None,
-                  numbering: CoreNumbering = "container") -> dict[str, DeviceStatusData]:
-    """Each device's ``status.devices`` data: its index, PCI address, the cores the container sees on it (as
+def device_status(devices: Sequence[NeuronDevice], lnc: int | None, numbering: CoreNumbering = "container",
+                  rank: Mapping[int, int] | None = None) -> dict[str, DeviceStatusData]:
+    """Each chip's ``status.devices`` data: its index, PCI address, the cores the container sees on it (as
     ``NEURON_RT_VISIBLE_CORES`` numbers them: with ``container`` numbering the container's devices renumbered from
-    0 in index order, with ``host`` numbering the host's indices) and the Logical NeuronCore setting in effect."""
+    0 in index order (``rank``: chip -> its place among the request's chips), with ``host`` numbering the host's
+    indices) and the Logical NeuronCore setting in effect."""
     out: dict[str, DeviceStatusData] = {}
-    for rank, dev in enumerate(devices):
+    for pos, dev in enumerate(devices):
         per_device = max(1, dev.core_count // (lnc or 1))
-        first = (rank if numbering == "container" else dev.index) * per_device
+        place = rank[dev.index] if rank is not None else pos
+        first = (place if numbering == "container" else dev.index) * per_device
         data: dict[str, object] = {"index": dev.index,
                                    "visibleCores": format_core_list(range(first, first + per_device))}
         if dev.pci_address:
@@ -139,3 +191,18 @@ def device_status(devices: Sequence[NeuronDevice], lnc: int | None,
             data["logicalNeuronCore"] = lnc
         out[device_name(dev.index)] = DeviceStatusData(data)
     return out
+
+
+def core_status(dev: NeuronDevice, core: int, node_lnc: int | None, lnc: int | None, numbering: CoreNumbering,
+                place: int) -> DeviceStatusData:
+    """A core device's ``status.devices`` data: its chip, its logical core there, and the cores the container sees
+    for it (its physical cores at the LNC in effect, numbered as :func:`device_status` numbers them)."""
+    width = lnc or 1
+    per_device = max(1, dev.core_count // width)
+    first = (place if numbering == "container" else dev.index) * per_device
+    local = sorted({p // width for p in cores.physical_cores(node_lnc, core)})
+    data: dict[str, object] = {"index": dev.index, "coreIndex": core,
+                               "visibleCores": format_core_list(first + c for c in local)}
+    if lnc is not None:
+        data["logicalNeuronCore"] = lnc
+    return DeviceStatusData(data)

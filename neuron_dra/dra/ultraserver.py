@@ -4,7 +4,8 @@ On a node of an UltraServer (trn2u) the pool holds, beside ``neuron-device-<i>``
 ``neuron-node``: the node's share of the UltraServer (all its chips). Chips and the node device exclude each other
 through one shared counter: counter set ``neuron-chips`` holds ``chips`` = the node's chip count, each chip
 consumes 1 and the node device consumes all of them, so the scheduler gives the node device only while no chip is
-allocated and no chip while the node device is.
+allocated and no chip while the node device is. With core devices (:mod:`.cores`) the set also counts ``cores``
+(the node's physical cores): each core device consumes its own and the node device all of them.
 
 Prepare of the node device gives the container every ``/dev/neuron<i>``. With an ``UltraServerConfig`` it also
 sets the runtime's UltraServer env (neuron.md 2.5); the choices no public document makes are in
@@ -22,15 +23,22 @@ NODE_DEVICE = "neuron-node"
 NODE_RESOURCE_TYPE = "neuron_node"
 COUNTER_SET = "neuron-chips"
 COUNTER = "chips"
+CORES_COUNTER = "cores"
+"""With core devices on: the node's physical cores; each core device consumes its own (its chip consumes 1 chip)."""
 
 
-def chip_counters(chips: int) -> CounterSet:
-    return CounterSet(COUNTER_SET, {COUNTER: chips})
+def chip_counters(chips: int, cores: int = 0) -> CounterSet:
+    return CounterSet(COUNTER_SET, {COUNTER: chips, **({CORES_COUNTER: cores} if cores else {})})
 
 
 def chip_consumes() -> dict[str, dict[str, int]]:
     """What one chip device consumes."""
     return {COUNTER_SET: {COUNTER: 1}}
+
+
+def core_consumes(physical_cores: int) -> dict[str, dict[str, int]]:
+    """What one core device consumes (core devices on): its physical cores, so ``neuron-node`` waits for them."""
+    return {COUNTER_SET: {CORES_COUNTER: physical_cores}}
 
 
 def node_attributes(ids: UltraServerIds, instance_type: str, driver_version: str | None,
@@ -53,10 +61,11 @@ def node_attributes(ids: UltraServerIds, instance_type: str, driver_version: str
 
 
 def node_device(ids: UltraServerIds, instance_type: str, driver_version: str | None, dra_version: str,
-                chips: int) -> SliceDevice:
-    """The node's share of the UltraServer: consumes every chip's counter; no capacity (as the chips)."""
+                chips: int, cores: int = 0) -> SliceDevice:
+    """The node's share of the UltraServer: consumes every chip's counter (and, with core devices, every core's);
+    no capacity (as the chips)."""
     return SliceDevice(NODE_DEVICE, node_attributes(ids, instance_type, driver_version, dra_version),
-                       consumes={COUNTER_SET: {COUNTER: chips}})
+                       consumes={COUNTER_SET: {COUNTER: chips, **({CORES_COUNTER: cores} if cores else {})}})
 
 
 def runtime_env(ids: UltraServerIds | None, mode: int, request: str, node: str) -> list[tuple[str, str]]:

@@ -1,0 +1,118 @@
+"""NeuronCores as DRA devices (partitionable devices, ``--core-devices on``): each chip's cores as shared counters,
+one device per logical NeuronCore consuming them, and the chips consuming all of theirs.
+
+- Counter set ``neuron-device-<i>`` per chip: one counter ``core-<p>`` (value 1) per **physical** core ``p``
+  (``core_count``: 8 on Trainium2). Per-core counters, not one ``cores`` total: two devices that share a core
+  must exclude each other, which a total would not say. Nothing else is counted: a core's HBM share and DMA rings
+  go with the core, so no partition can take one without the other.
+- The chip ``neuron-device-<i>`` consumes every counter of its set; core device ``neuron-device-<i>-core-<k>``
+  (logical core ``k`` at the node's LNC) consumes the physical cores ``k*LNC .. k*LNC+LNC-1``. kube-scheduler
+  allocates a counter once, so a chip with a core taken cannot go to a whole-chip claim, nor a core of a taken chip.
+- Only single logical cores are published: 2 or 4 cores of one chip are ``count: 2`` / ``count: 4`` with
+  ``matchAttribute: neuron.aws.com/deviceId`` (cores of connected chips: ``devicegroup4_id`` or ``topology4_id``).
+  Aligned 2- and 4-core devices as well would more than double the devices (trn2 at LNC 1: 224 core devices per
+  node instead of 128), which every claim's selector is evaluated on, and would make an extended-resource count
+  (``aws.amazon.com/neuroncore: N``, one device each) mean anything but N cores.
+- Core devices carry the chip's attributes (its ``deviceId``, topology and EFA group ids, NUMA node, PCIe root;
+  not ``pciBusID``: a core is not a PCI function) with ``resourceType`` ``neuron_core``, ``coreIndex`` (``k``) and,
+  where LNC applies, ``logicalNeuronCore`` (the LNC ``k`` is counted at).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice
+from accel_core.hostfiles import parse_index
+from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
+from neuron_dra.discovery import NeuronDevice, NeuronInventory
+from neuron_dra.dra.attributes import PCI_BUS_ID, device_attributes, device_name
+
+RESOURCE_TYPE = "neuron_core"
+CORE_INFIX = "-core-"
+#: The DeviceClass ``neuroncore.aws.com``: the core devices.
+CORE_CLASS = "neuroncore.aws.com"
+CORE_CLASS_SELECTOR = (f'device.driver == "{DRA_DRIVER_NAME}" && '
+                       f'device.attributes["{DRA_DRIVER_NAME}"].resourceType == "{RESOURCE_TYPE}"')
+#: ``neuron.aws.com`` while core devices are on: everything but the cores (chips, and ``neuron-node``).
+CHIP_CLASS_SELECTOR = (f'device.driver == "{DRA_DRIVER_NAME}" && '
+                       f'device.attributes["{DRA_DRIVER_NAME}"].resourceType != "{RESOURCE_TYPE}"')
+#: ``neuron.aws.com`` while core devices are off (every device of the driver).
+PLAIN_CLASS_SELECTOR = f'device.driver == "{DRA_DRIVER_NAME}"'
+
+
+def core_device_name(chip: int, core: int) -> str:
+    return f"{device_name(chip)}{CORE_INFIX}{core}"
+
+
+def parse_core_device(name: str) -> tuple[int, int] | None:
+    """``neuron-device-3-core-1`` -> (3, 1); None for any other name."""
+    if not name.startswith(DEVICE_PREFIX):
+        return None
+    chip_text, sep, core_text = name[len(DEVICE_PREFIX):].partition(CORE_INFIX)
+    chip, core = parse_index(chip_text), parse_index(core_text)
+    if not sep or chip is None or core is None:
+        return None
+    return chip, core
+
+
+def counter_name(physical: int) -> str:
+    return f"core-{physical}"
+
+
+def counter_set_name(chip: int) -> str:
+    return device_name(chip)
+
+
+def chip_counters(dev: NeuronDevice) -> CounterSet | None:
+    """The chip's counter set; None for a chip whose core count is unknown (it then gets no core devices)."""
+    if dev.core_count <= 0:
+        return None
+    return CounterSet(counter_set_name(dev.index), {counter_name(p): 1 for p in range(dev.core_count)})
+
+
+def physical_cores(lnc: int | None, core: int) -> range:
+    """The physical cores of logical core ``core`` at ``lnc`` (None: no LNC, logical = physical)."""
+    width = lnc or 1
+    return range(core * width, (core + 1) * width)
+
+
+def logical_cores(dev: NeuronDevice, lnc: int | None) -> int:
+    return dev.core_count // (lnc or 1) if dev.core_count > 0 else 0
+
+
+def _consumes(chip: int, cores: Sequence[int] | range) -> dict[str, dict[str, int]]:
+    return {counter_set_name(chip): {counter_name(p): 1 for p in cores}}
+
+
+def core_attributes(inv: NeuronInventory, dev: NeuronDevice, core: int, dra_version: str,
+                    chip_attrs: Mapping[str, AttributeValue] | None = None) -> dict[str, AttributeValue]:
+    attrs = dict(chip_attrs if chip_attrs is not None else device_attributes(inv, dev, dra_version))
+    attrs.pop(PCI_BUS_ID, None)
+    attrs["resourceType"] = RESOURCE_TYPE
+    attrs["coreIndex"] = core
+    if inv.lnc_applies and inv.lnc is not None:
+        attrs["logicalNeuronCore"] = inv.lnc
+    return attrs
+
+
+def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version: str
+                ) -> tuple[list[SliceDevice], list[CounterSet]]:
+    """The chips (each now consuming its whole counter set), then every chip's core devices in chip order, and
+    the counter sets. ``chips`` are the chip devices in ``inv.devices`` order."""
+    out_chips: list[SliceDevice] = []
+    cores: list[SliceDevice] = []
+    counters: list[CounterSet] = []
+    for dev, chip in zip(inv.devices, chips, strict=True):
+        cs = chip_counters(dev)
+        if cs is None:
+            out_chips.append(chip)
+            continue
+        counters.append(cs)
+        out_chips.append(replace(chip, consumes={**chip.consumes, **_consumes(dev.index, range(dev.core_count))}))
+        for k in range(logical_cores(dev, inv.lnc)):
+            cores.append(SliceDevice(core_device_name(dev.index, k),
+                                     core_attributes(inv, dev, k, dra_version, chip.attributes),
+                                     consumes=_consumes(dev.index, physical_cores(inv.lnc, k))))
+    return out_chips + cores, counters
