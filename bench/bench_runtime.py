@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 from accel_rig.containerdnode import BUSYBOX_IMAGE
 from accel_rig.controlplane import ControlPlane
-from accel_rig.kubeletnode import CONTAINERD, FAKECRI, KubeletNode
+from accel_rig.kubeletnode import KubeletNode
+from accel_rig.nodelayout import CONTAINERD, FAKECRI
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount

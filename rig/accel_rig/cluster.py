@@ -35,16 +35,10 @@ from accel_rig.controlplane import APISERVER, ControlPlane, stop_recorded
 from accel_rig.controlplane_errors import ControlPlaneError
 from accel_rig.controlplane_pki import Pki
 from accel_rig.controlplane_processes import ClusterRecord, recorded_process
-from accel_rig.kubeletnode import (
-    KubeletNode,
-    NodeLayout,
-    NodeRecord,
-    check_pod_names,
-    container_log_files,
-    cri_log_text,
-    stop_recorded_node,
-)
+from accel_rig.kubeletnode import KubeletNode, stop_recorded_node
 from accel_rig.kubeversions import kube_bin_dir
+from accel_rig.nodelayout import NodeLayout, NodeRecord
+from accel_rig.podlogs import check_pod_names, container_log_files, cri_log_text
 
 NODES_DIR = "nodes"
 

@@ -1,7 +1,8 @@
 """Run the real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) on
 127.0.0.1 for tests and for people.
 
-This module is the orchestration: start order, ports, command lines, readiness, stop, and the admin API helpers.
+This module is the orchestration: start order, ports, processes and stop. The components' command lines are in
+``controlplane_flags``, their readiness probes in ``controlplane_health``, the admin API in ``controlplane_api``.
 Everything lives in one state directory: ``pki/`` (certificates and kubeconfigs: ``controlplane_pki``), ``etcd/``
 (data), ``logs/<component>.log``, the admin kubeconfig and ``cluster.json`` (ports and PIDs, read by ``accel-cluster
 down``/``status``: ``controlplane_processes``). Binaries come from ``scripts/build-kube.sh`` (see ``kubeversions``).
@@ -17,35 +18,27 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx2
-from lightkube import ApiError, Client, KubeConfig
-from lightkube.config.models import Cluster, User
-from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, NodeStatus, Pod, ServiceAccountToken
-from lightkube.types import PatchType
-
-from accel_rig.controlplane_errors import ApiRequestError, ControlPlaneError, MissingBinariesError
+from accel_rig.controlplane_api import AdminApi, create_fake_node, mint_token
+from accel_rig.controlplane_errors import ControlPlaneError, MissingBinariesError
+from accel_rig.controlplane_flags import DEFAULT_FEATURE_GATES, ComponentFlags
+from accel_rig.controlplane_health import apiserver_ready, component_healthy, etcd_ready
 from accel_rig.controlplane_pki import (
     ADMIN_USER,
-    SERVICE_CIDR,
     Pki,
     cert_user,
     generate_pki,
@@ -70,18 +63,6 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 EGRESS_PROXY = "egress-proxy"
 #: Start order; ``stop`` goes the other way.
 COMPONENTS = (ETCD, APISERVER, SCHEDULER, CONTROLLER_MANAGER)
-
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-#: Feature gates passed to all three kube components. None are needed with v1.37: DynamicResourceAllocation,
-#: DRADeviceTaints, DRADeviceTaintRules, DRAPrioritizedList and ServiceAccountTokenNodeBinding/PodNodeInfo are
-#: GA there (setting them only logs "setting GA feature gate"), and naming a removed gate is a start-up error.
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = {}
-#: ``--runtime-config`` entries. v1.37 serves resource.k8s.io/v1 (deviceclasses, devicetaintrules,
-#: resourceclaims, resourceclaimtemplates, resourceslices) and ValidatingAdmissionPolicy by default.
-DEFAULT_RUNTIME_CONFIG: tuple[str, ...] = ()
-#: Controllers left out of kube-controller-manager. Without a kubelet, node-lifecycle would mark every
-#: fake Node NotReady and taint it, and the scheduler would then refuse it.
-DISABLED_CONTROLLERS: tuple[str, ...] = ("node-lifecycle-controller",)
 
 _PORT_CLASH = "address already in use"
 _STOP_STAGES: tuple[tuple[str, ...], ...] = ((CONTROLLER_MANAGER, SCHEDULER), (APISERVER,), (EGRESS_PROXY, ETCD))
@@ -119,45 +100,6 @@ class _Component:
     process: subprocess.Popen[bytes]
     ports: tuple[int, ...]
     log_offset: int
-
-
-# --------------------------------------------------------------------------------------------------------
-# Admin API access
-
-
-@dataclass(frozen=True)
-class AdminApi:
-    """A lightkube client for a running API server (``https://127.0.0.1:PORT``) with the admin client certificate.
-
-    Objects are typed lightkube models, so a misspelt field fails before it is sent. API errors and transport
-    failures come out as :class:`ApiRequestError` / :class:`ControlPlaneError` naming the call (see ``errors``).
-    """
-
-    server: str
-    pki: Pki
-    timeout: float = 15.0
-
-    def client(self) -> Client:
-        cert, key = self.pki.client("admin")
-        config = KubeConfig.from_one(
-            cluster=Cluster(server=self.server, certificate_auth=str(self.pki.ca_cert)),
-            user=User(client_cert=str(cert), client_key=str(key)),
-            namespace="default",
-        )
-        # trust_env=False: a proxy from the environment must not sit between the tool and 127.0.0.1
-        return Client(config=config, timeout=httpx2.Timeout(self.timeout), trust_env=False)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def errors(what: str) -> Iterator[None]:
-        """Turn lightkube/httpx failures of ``what`` into ControlPlaneError (ApiRequestError for an HTTP status)."""
-        try:
-            yield
-        except ApiError as e:
-            code = e.status.code or (e.response.status_code if e.response is not None else 0)
-            raise ApiRequestError(code, f"{what} -> HTTP {code}: {e.status.message}") from e
-        except (OSError, httpx2.HTTPError) as e:
-            raise ControlPlaneError(f"{what} failed: {e}") from e
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -199,13 +141,12 @@ class ControlPlane:
         self._detach = detach
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
-        self._etcd_fsync = etcd_fsync
         self._feature_gates = {**DEFAULT_FEATURE_GATES, **(feature_gates or {})}
         self._extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
         unknown = set(self._extra_args) - set(COMPONENTS)
         if unknown:
             raise ValueError(f"extra_args for unknown components {sorted(unknown)}; known: {COMPONENTS}")
-        self._verbosity = verbosity
+        self._flags = ComponentFlags(self._state_dir, verbosity, self._feature_gates, etcd_fsync)
         self._cert_days = cert_days
         self._components: dict[str, _Component] = {}
         self._handed_out: set[int] = set()
@@ -310,14 +251,16 @@ class ControlPlane:
         previous = ClusterRecord.load(self._state_dir)
         self._preferred_ports = dict(previous.ports) if previous else {}
         try:
-            self._launch(ETCD, 2, self._etcd_argv, self._etcd_ready)
+            self._launch(ETCD, 2, self._flags.etcd, lambda c: etcd_ready(c.ports[0]))
             self._start_egress_proxy()
-            self._launch(APISERVER, 1, self._apiserver_argv, self._apiserver_ready)
+            self._launch(APISERVER, 1, lambda ports: self._flags.apiserver(ports, self.etcd_url),
+                         lambda c: apiserver_ready(c.ports[0], self.pki))
             self._write_kubeconfigs()
             if self.with_scheduler:
-                self._launch(SCHEDULER, 1, self._scheduler_argv, self._component_healthy)
+                self._launch(SCHEDULER, 1, self._flags.scheduler, lambda c: component_healthy(c.ports[0]))
             if self.with_controller_manager:
-                self._launch(CONTROLLER_MANAGER, 1, self._controller_manager_argv, self._component_healthy)
+                self._launch(CONTROLLER_MANAGER, 1, self._flags.controller_manager,
+                             lambda c: component_healthy(c.ports[0]))
         except BaseException:
             self.stop()
             raise
@@ -372,7 +315,6 @@ class ControlPlane:
     def admin_api(self, *, timeout: float = 15.0) -> AdminApi:
         """Typed API access as the admin user (see :class:`AdminApi`)."""
         return AdminApi(self.server, self.pki, timeout)
-
     def mint_token(
         self,
         namespace: str,
@@ -383,37 +325,9 @@ class ControlPlane:
         bound_node: str | None = None,
         expiration_seconds: int = 3600,
     ) -> str:
-        """A service-account token from the TokenRequest API.
-
-        ``bound_node`` binds it to that Node and ``bound_pod`` to that Pod in ``namespace``; both put the
-        ``authentication.kubernetes.io/node-name`` claim in the token (for a Pod, once it is scheduled).
-        ``audiences=None`` means the API server's own audience. Expiry is at least 600 s (API rule).
-        """
-        if bound_pod and bound_node:
-            raise ValueError("bind the token to a Pod or to a Node, not both")
-        spec = TokenRequestSpec(expirationSeconds=expiration_seconds, audiences=list(audiences) if audiences else None)
-        api = self.admin_api()
-        client = api.client()
-        try:
-            if bound_pod:
-                with api.errors(f"GET pod {namespace}/{bound_pod}"):
-                    pod = client.get(Pod, bound_pod, namespace=namespace)
-                spec.boundObjectRef = BoundObjectReference(kind="Pod", apiVersion="v1", name=bound_pod,
-                                                           uid=pod.metadata.uid if pod.metadata else None)
-            if bound_node:
-                with api.errors(f"GET node {bound_node}"):
-                    node = client.get(Node, bound_node)
-                spec.boundObjectRef = BoundObjectReference(kind="Node", apiVersion="v1", name=bound_node,
-                                                           uid=node.metadata.uid if node.metadata else None)
-            with api.errors(f"TokenRequest for {namespace}/{service_account}"):
-                result = client.create(ServiceAccountToken(metadata=ObjectMeta(), spec=spec), service_account,
-                                       namespace=namespace)
-        finally:
-            client.close()
-        token = result.status.token if result.status else None
-        if not isinstance(token, str) or not token:
-            raise ControlPlaneError(f"TokenRequest for {namespace}/{service_account} returned no token")
-        return token
+        """A service-account token from the TokenRequest API (see :func:`controlplane_api.mint_token`)."""
+        return mint_token(self.admin_api(), namespace, service_account, audiences, bound_pod=bound_pod,
+                          bound_node=bound_node, expiration_seconds=expiration_seconds)
 
     def kubeconfig_for_token(self, token: str, name: str | None = None) -> Path:
         """Write a kubeconfig that authenticates with ``token``; returns its path (in the state dir)."""
@@ -431,30 +345,9 @@ class ControlPlane:
         pods: str = "110",
         labels: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Create a Node the scheduler accepts although no kubelet runs behind it; return the Node.
-
-        It gets capacity/allocatable for cpu, memory and pods and a Ready condition (status subresource),
-        and loses the ``node.kubernetes.io/not-ready`` taint that admission puts on every new Node (the
-        node-lifecycle controller, which would lift it, is off). Nothing renews it, so it stays as made.
-        """
-        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        resources = {"cpu": cpu, "memory": memory, "pods": pods}
-        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake node (no kubelet)",
-                 "lastHeartbeatTime": now, "lastTransitionTime": now}
-        status = {"capacity": resources, "allocatable": resources, "conditions": [ready]}
-        api = self.admin_api()
-        client = api.client()
-        try:
-            with api.errors(f"create node {name}"):
-                client.create(Node(metadata=ObjectMeta(name=name, labels=node_labels)))
-            with api.errors(f"patch node {name} status"):
-                client.patch(NodeStatus, name, {"status": status}, patch_type=PatchType.MERGE)
-            with api.errors(f"patch node {name}"):
-                node = client.patch(Node, name, {"spec": {"taints": None}}, patch_type=PatchType.MERGE)
-        finally:
-            client.close()
-        return node.to_dict()
+        """A Node the scheduler accepts although no kubelet runs behind it (see
+        :func:`controlplane_api.create_fake_node`)."""
+        return create_fake_node(self.admin_api(), name, cpu=cpu, memory=memory, pods=pods, labels=labels)
 
     # ---- internals: binaries, ports, processes
 
@@ -587,137 +480,3 @@ class ControlPlane:
                 self._state_dir / f"{who}.kubeconfig", self.server, self.ca_cert, f"system:kube-{who}",
                 cert_user(*self.pki.client(who)),
             )  # fmt: skip
-
-    # ---- internals: command lines
-
-    def _common_kube_flags(self) -> list[str]:
-        flags = [f"--v={self._verbosity}"]
-        if self._feature_gates:
-            gates = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(self._feature_gates.items()))
-            flags.append(f"--feature-gates={gates}")
-        return flags
-
-    def _etcd_argv(self, ports: tuple[int, ...]) -> list[str]:
-        client, peer = (f"http://127.0.0.1:{p}" for p in ports)
-        return [
-            "--name=accel",
-            f"--data-dir={self._state_dir / 'etcd'}",
-            f"--listen-client-urls={client}",
-            f"--advertise-client-urls={client}",
-            f"--listen-peer-urls={peer}",
-            f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=accel={peer}",
-            "--log-level=warn",
-            f"--unsafe-no-fsync={'false' if self._etcd_fsync else 'true'}",
-        ]
-
-    def _apiserver_argv(self, ports: tuple[int, ...]) -> list[str]:
-        pki = self.pki
-        flags = [
-            f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={ports[0]}",
-            f"--cert-dir={self._state_dir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki.apiserver_cert}",
-            f"--tls-private-key-file={pki.apiserver_key}",
-            f"--client-ca-file={pki.ca_cert}",
-            # kubectl logs/exec/port-forward and the service/pod proxy: the kubelet trusts the cluster CA's admin
-            # certificate, and every connection to a node or pod goes through the egress proxy (loopback only).
-            f"--kubelet-client-certificate={pki.client('admin')[0]}",
-            f"--kubelet-client-key={pki.client('admin')[1]}",
-            f"--egress-selector-config-file={self._state_dir / 'egress-selector.json'}",
-            # The node's address first: node proxy checks it is a global unicast IP (a name would need DNS).
-            "--kubelet-preferred-address-types=InternalIP,Hostname,InternalDNS,ExternalDNS,ExternalIP",
-            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-            f"--service-account-key-file={pki.sa_pub}",
-            f"--service-account-signing-key-file={pki.sa_key}",
-            "--authorization-mode=Node,RBAC",
-            # No front proxy; naming a request-header CA (with an identity no certificate has) only keeps
-            # kube-scheduler/controller-manager from logging that the bundle is missing.
-            f"--requestheader-client-ca-file={pki.ca_cert}",
-            "--requestheader-allowed-names=accel-front-proxy-unused",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # Endpoints may not hold loopback addresses, so the "kubernetes" Service gets none.
-            "--endpoint-reconciler-type=none",
-            "--profiling=false",
-            *self._common_kube_flags(),
-        ]
-        if DEFAULT_RUNTIME_CONFIG:
-            flags.append(f"--runtime-config={','.join(DEFAULT_RUNTIME_CONFIG)}")
-        return flags
-
-    def _client_component_flags(self, who: str, port: int) -> list[str]:
-        kubeconfig = self._state_dir / f"{who}.kubeconfig"
-        return [
-            f"--kubeconfig={kubeconfig}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            f"--cert-dir={self._state_dir / (who + '-certs')}",
-            *self._common_kube_flags(),
-        ]
-
-    def _scheduler_argv(self, ports: tuple[int, ...]) -> list[str]:
-        return self._client_component_flags("scheduler", ports[0])
-
-    def _controller_manager_argv(self, ports: tuple[int, ...]) -> list[str]:
-        pki = self.pki
-        return [
-            *self._client_component_flags("controller-manager", ports[0]),
-            "--controllers=" + ",".join(["*", *(f"-{c}" for c in DISABLED_CONTROLLERS)]),
-            "--use-service-account-credentials=true",
-            f"--root-ca-file={pki.ca_cert}",
-            f"--service-account-private-key-file={pki.sa_key}",
-            f"--cluster-signing-cert-file={pki.ca_cert}",
-            f"--cluster-signing-key-file={pki.ca_key}",
-        ]
-
-    # ---- internals: health checks
-
-    def _etcd_ready(self, comp: _Component) -> bool:
-        status, body = _http_get("http", comp.ports[0], "/health", None)
-        if status != 200:
-            return False
-        with contextlib.suppress(ValueError, AttributeError):
-            return str(json.loads(body).get("health")) == "true"
-        return False
-
-    def _apiserver_ready(self, comp: _Component) -> bool:
-        cert, key = self.pki.client("admin")
-        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
-        ctx.load_cert_chain(str(cert), str(key))
-        status, _ = _http_get("https", comp.ports[0], "/readyz", ctx)
-        return status == 200
-
-    def _component_healthy(self, comp: _Component) -> bool:
-        # kube-scheduler and kube-controller-manager serve a self-signed certificate.
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        status, _ = _http_get("https", comp.ports[0], "/healthz", ctx)
-        return status == 200
-
-
-def _http_get(scheme: str, port: int, path: str, ctx: ssl.SSLContext | None) -> tuple[int, str]:
-    """(status, body) of a GET to 127.0.0.1, or (0, error text) when nothing answers yet."""
-    conn: http.client.HTTPConnection
-    if scheme == "https":
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=3)
-    else:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode("utf-8", "replace")
-    except (OSError, http.client.HTTPException) as e:
-        return 0, str(e)
-    finally:
-        conn.close()

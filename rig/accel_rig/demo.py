@@ -366,8 +366,9 @@ async def containerd_section(work: Path) -> None:
 
     from accel_rig.containerdnode import BUSYBOX_IMAGE, RuntimeBinaries
     from accel_rig.controlplane import ControlPlane
-    from accel_rig.kubeletnode import CONTAINERD, KubeletNode
+    from accel_rig.kubeletnode import KubeletNode
     from accel_rig.kubeversions import kube_bin_dir, missing_binaries
+    from accel_rig.nodelayout import CONTAINERD
 
     _title("Real containers: helm install of the EFA chart on a containerd node, and a workload's own /dev")
     bins = RuntimeBinaries.default()

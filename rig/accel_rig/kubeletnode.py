@@ -20,19 +20,14 @@ the processes; ``stop()`` leaves the machine as it found it (the mounts die with
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import datetime
-import json
-import shlex
 import shutil
 import socket
 import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +37,13 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from accel_core.hostfiles import parse_index
-from accel_core.k8snames import is_label, is_subdomain, shown
-from accel_rig.clusterdns import CLUSTER_DOMAIN, DNS_IP
 from accel_rig.containerdnode import (
-    FAKE_HOST_IN_NODE,
     ContainerdRuntime,
     RuntimeBinaries,
     ServiceAccess,
     stop_namespace,
 )
-from accel_rig.controlplane import AdminApi
+from accel_rig.controlplane_api import AdminApi
 from accel_rig.controlplane_errors import ApiRequestError, ControlPlaneError
 from accel_rig.controlplane_pki import Pki, issue_client_cert, write_kubeconfig
 from accel_rig.controlplane_processes import (
@@ -62,219 +53,20 @@ from accel_rig.controlplane_processes import (
     tail_file,
     terminate_processes,
 )
-from accel_rig.noderoutes import ROUTES_DIR, claim_slot, loopback_ip
-
-KUBELET = "kubelet"
-FAKECRI = "fakecri"
-CONTAINERD = "containerd"
-NODE_RECORD = "node.json"
-#: ``/proc/sys`` entries the kubelet's container manager rewrites at start (``setupKernelTunables``).
-KUBELET_SYSCTLS = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
+from accel_rig.fakecrirecords import ContainerRecord, container_records, read_cri_records
+from accel_rig.kubeletconfig import (
+    KUBELET_FEATURE_GATES,
+    KUBELET_SYSCTLS,
+    kubelet_configuration,
+    namespace_script,
+    write_sysctl_files,
 )
+from accel_rig.nodelayout import CONTAINERD, FAKECRI, KUBELET, NodeLayout, NodeRecord
+from accel_rig.noderoutes import ROUTES_DIR, claim_slot, loopback_ip
+from accel_rig.podlogs import pod_log_lines
+
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-#: Kubelet feature gates: device health from DRA drivers into the Pod status (``allocatedResourcesStatus``).
-KUBELET_FEATURE_GATES: Mapping[str, bool] = {"ResourceHealthStatus": True}
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """Where one node's files live; everything is under ``dir``. A containerd node's kubelet uses the usual
-    ``/var/lib/kubelet`` inside its namespace (``<node>/var-lib/kubelet`` outside) and containerd reads CDI specs
-    from ``/var/run/cdi`` (``<node>/run/cdi``), so the charts' default host paths are right on it."""
-
-    dir: Path
-    runtime: str = FAKECRI
-
-    @property
-    def host_root(self) -> Path:
-        """The fake-sysfs tree of the node's instance type."""
-        return self.dir / "host"
-
-    @property
-    def kubelet_root(self) -> Path:
-        """The kubelet's ``--root-dir`` as seen from outside its mount namespace (with fakecri the same path
-        inside and outside)."""
-        return self.var_lib / "kubelet" if self.runtime == CONTAINERD else self.dir / "kubelet"
-
-    @property
-    def var_lib(self) -> Path:
-        """Mounted over ``/var/lib`` for the kubelet."""
-        return self.dir / "var-lib"
-
-    @property
-    def device_plugins_dir(self) -> Path:
-        """``/var/lib/kubelet/device-plugins`` as the kubelet sees it."""
-        return self.var_lib / "kubelet" / "device-plugins"
-
-    @property
-    def var_log(self) -> Path:
-        return self.dir / "var-log"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.dir / "run" / "cdi" if self.runtime == CONTAINERD else self.dir / "cdi"
-
-    @property
-    def pod_logs(self) -> Path:
-        """``/var/log/pods`` of the node."""
-        return self.var_log / "pods"
-
-    @property
-    def proc_sys(self) -> Path:
-        return self.dir / "proc-sys"
-
-    @property
-    def cri_socket(self) -> Path:
-        return self.dir / "cri.sock"
-
-    @property
-    def cri_record(self) -> Path:
-        """JSON lines written by fakecri, one per recorded CRI call."""
-        return self.dir / "cri.jsonl"
-
-    @property
-    def pki_dir(self) -> Path:
-        return self.dir / "pki"
-
-    @property
-    def kubeconfig(self) -> Path:
-        """The kubelet's own kubeconfig (``system:node:<name>``)."""
-        return self.dir / "kubelet.kubeconfig"
-
-    @property
-    def config(self) -> Path:
-        return self.dir / "kubelet-config.yaml"
-
-    @property
-    def log_dir(self) -> Path:
-        return self.dir / "logs"
-
-    @property
-    def fake_host_path(self) -> str:
-        """The fake host tree where the node's pods find it (``fakeHost.path`` of the charts): the same fixed path
-        on every containerd node (its own mount namespace), the tree itself with fakecri."""
-        return FAKE_HOST_IN_NODE if self.runtime == CONTAINERD else str(self.host_root)
-
-    def node_env(self, node_name: str, kubeconfig: Path) -> dict[str, str]:
-        """What ``accel-cluster node-env`` prints: :meth:`daemon_env`, except that a containerd node's
-        ``HOST_ROOT`` is :attr:`fake_host_path` (what its pods and the charts use) and ``FAKE_HOST_DIR`` is the
-        tree as the machine sees it (where faults are injected)."""
-        env = self.daemon_env(node_name, kubeconfig)
-        if self.runtime == CONTAINERD:
-            env["HOST_ROOT"] = self.fake_host_path
-            env["FAKE_HOST_DIR"] = str(self.host_root)
-        return env
-
-    def daemon_env(self, node_name: str, kubeconfig: Path) -> dict[str, str]:
-        """The environment that points a daemon (``efa-device-plugin serve`` ...) at this node."""
-        return {
-            "NODE_NAME": node_name,
-            "HOST_ROOT": str(self.host_root),
-            "KUBELET_ROOT": str(self.kubelet_root),
-            "DEVICE_PLUGINS_DIR": str(self.device_plugins_dir),
-            "KUBELET_REGISTRAR_DIRECTORY_PATH": str(self.kubelet_root / "plugins_registry"),
-            "KUBELET_PLUGINS_DIRECTORY_PATH": str(self.kubelet_root / "plugins"),
-            "CDI_ROOT": str(self.cdi_root),
-            "KUBECONFIG": str(kubeconfig),
-        }
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    """``<node>/node.json``: what ``accel-cluster`` needs to find a running node again."""
-
-    name: str
-    instance_type: str
-    processes: tuple[ProcessRecord, ...] = ()
-    ports: tuple[int, ...] = ()
-    lnc: int | None = None
-    efa: bool = True
-    runtime: str = FAKECRI
-    #: A containerd node's machine-loopback address (127.0.0.N), where its kubelet port is served.
-    loopback: str = ""
-
-    def save(self, node_dir: Path) -> None:
-        tmp = node_dir / (NODE_RECORD + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(node_dir / NODE_RECORD)
-
-    @classmethod
-    def load(cls, node_dir: Path) -> NodeRecord | None:
-        path = node_dir / NODE_RECORD
-        try:
-            raw = json.loads(path.read_text())
-            return cls(
-                name=str(raw["name"]),
-                instance_type=str(raw["instance_type"]),
-                processes=tuple(ProcessRecord.from_json(p) for p in raw.get("processes", [])),
-                ports=tuple(int(x) for x in raw.get("ports", [])),
-                lnc=None if raw.get("lnc") is None else int(raw["lnc"]),
-                efa=bool(raw.get("efa", True)),
-                runtime=str(raw.get("runtime", FAKECRI)),
-                loopback=str(raw.get("loopback", "")),
-            )
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ControlPlaneError(f"{path} is damaged ({e!r}); remove the node directory and start again") from e
-
-
-@dataclass(frozen=True)
-class ContainerRecord:
-    """What the kubelet asked the runtime to give one container (from fakecri's CreateContainer record)."""
-
-    pod: str
-    namespace: str
-    pod_uid: str
-    name: str
-    envs: dict[str, str]
-    devices: tuple[dict[str, str], ...]
-    mounts: tuple[dict[str, Any], ...]
-    cdi_devices: tuple[str, ...]
-    annotations: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def device_paths(self) -> list[str]:
-        """Host paths of the device nodes, in the order the kubelet passed them."""
-        return [d.get("hostPath", "") for d in self.devices]
-
-
-def _env_value(encoded: Any) -> str:
-    """CRI ``KeyValue.value`` is ``bytes`` (protojson writes base64); env values here are UTF-8 text."""
-    try:
-        return base64.b64decode(str(encoded), validate=True).decode("utf-8", "replace")
-    except (ValueError, binascii.Error):
-        return str(encoded)
-
-
-def container_records(lines: Iterator[dict[str, Any]]) -> list[ContainerRecord]:
-    """The CreateContainer calls among fakecri's records, oldest first."""
-    out = []
-    for rec in lines:
-        if rec.get("method") != "CreateContainer":
-            continue
-        req = rec.get("request", {})
-        config = req.get("config", {})
-        meta = req.get("sandboxConfig", {}).get("metadata", {})
-        out.append(ContainerRecord(
-            pod=str(meta.get("name", "")),
-            namespace=str(meta.get("namespace", "")),
-            pod_uid=str(meta.get("uid", "")),
-            name=str(config.get("metadata", {}).get("name", "")),
-            envs={str(e.get("key", "")): _env_value(e.get("value", "")) for e in config.get("envs", [])},
-            devices=tuple(config.get("devices", [])),
-            mounts=tuple(config.get("mounts", [])),
-            cdi_devices=tuple(str(d.get("name", "")) for d in config.get("CDIDevices", config.get("cdiDevices", []))),
-            annotations=dict(config.get("annotations", {})),
-        ))
-    return out
 
 
 def _timestamp(text: Any) -> float:
@@ -373,13 +165,7 @@ class KubeletNode:
 
     def cri_records(self) -> Iterator[dict[str, Any]]:
         """Every call fakecri recorded so far (a partly written last line is skipped)."""
-        try:
-            with self.layout.cri_record.open() as f:
-                for line in f:
-                    with contextlib.suppress(ValueError):
-                        yield json.loads(line)
-        except FileNotFoundError:
-            return
+        return read_cri_records(self.layout.cri_record)
 
     def containers(self, pod: str | None = None, namespace: str | None = None) -> list[ContainerRecord]:
         """CreateContainer records, optionally of one pod."""
@@ -552,54 +338,10 @@ class KubeletNode:
                               days=self._cert_days)
 
     def _write_sysctl_files(self) -> None:
-        for entry in KUBELET_SYSCTLS:
-            target = self.layout.proc_sys / entry.replace("/", ".")
-            try:
-                value = (Path("/proc/sys") / entry).read_text()
-            except OSError:
-                value = "0\n"
-            target.write_text(value)
+        write_sysctl_files(self.layout.proc_sys)
 
     def _write_config(self) -> None:
-        port, healthz = self.ports
-        config: dict[str, Any] = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            # A containerd node's kubelet serves its namespace's addresses (the API server's egress proxy dials the
-            # node's address there; pods reach it at their gateway); a fakecri node's serves the machine's loopback.
-            "address": "0.0.0.0" if self.runtime == CONTAINERD else "127.0.0.1",
-            "port": port,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": healthz,
-            "readOnlyPort": 0,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
-                               "x509": {"clientCAFile": str(self.pki.ca_cert)}},
-            "authorization": {"mode": "AlwaysAllow"},
-            "containerRuntimeEndpoint": ("unix:///run/containerd/containerd.sock" if self.runtime == CONTAINERD
-                                         else f"unix://{self.layout.cri_socket}"),
-            # This machine is cgroup v1 and runs no real containers: no QoS or allocatable cgroups.
-            "failCgroupV1": False,
-            "cgroupsPerQOS": False,
-            "enforceNodeAllocatable": [],
-            "cgroupDriver": "cgroupfs",
-            "failSwapOn": False,
-            "localStorageCapacityIsolation": False,
-            # Nothing real is stored: never evict for a full disk of the machine, never garbage-collect images.
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%", "imagefs.available": "0%",
-                             "nodefs.inodesFree": "0%", "imagefs.inodesFree": "0%"},
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False,
-            # Re-sync pods every 10 s (default 1 min), so a pod that found a plugin not yet registered retries soon.
-            "syncFrequency": "10s",
-            # Report a changed status (allocatable after a device plugin registers) within 2 s, not 10 s.
-            "nodeStatusUpdateFrequency": "2s",
-            "resolvConf": "",
-            # Pods' resolv.conf: the node's cluster DNS (nodeservices; containerd nodes only, fakecri pods have no
-            # network) and the search domains of the cluster domain.
-            **({"clusterDNS": [DNS_IP], "clusterDomain": CLUSTER_DOMAIN} if self.runtime == CONTAINERD else {}),
-            "featureGates": dict(sorted(self._feature_gates.items())),
-        }
+        config = kubelet_configuration(self.layout, self.ports, self.pki.ca_cert, self._feature_gates)
         self.layout.config.write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _start_fakecri(self) -> None:
@@ -636,14 +378,7 @@ class KubeletNode:
 
     def _namespace_script(self) -> str:
         """Shell run by ``unshare --mount``: the private mounts, then exec the kubelet."""
-        q = shlex.quote
-        lines = ["set -e",
-                 f"mount --bind {q(str(self.layout.var_lib))} /var/lib",
-                 f"mount --bind {q(str(self.layout.var_log))} /var/log"]
-        for entry in KUBELET_SYSCTLS:
-            lines.append(f"mount --bind {q(str(self.layout.proc_sys / entry.replace('/', '.')))} /proc/sys/{entry}")
-        lines.append("exec " + " ".join(q(a) for a in self._kubelet_argv()))
-        return "\n".join(lines)
+        return namespace_script(self.layout, self._kubelet_argv())
 
     def _start_containerd(self) -> None:
         api_port = urllib.parse.urlsplit(self.server).port or 443
@@ -705,47 +440,3 @@ def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
     NodeRecord(record.name, record.instance_type, (), record.ports, record.lnc, record.efa,
                record.runtime, record.loopback).save(node_dir)
     return stopped
-
-
-def check_pod_names(namespace: str, pod: str, container: str | None = None) -> None:
-    """ValueError naming each of the three that is not a Kubernetes name (label, subdomain, label)."""
-    bad = [f"{what} {shown(value)}" for what, value, ok in (
-        ("namespace", namespace, is_label(namespace)), ("pod", pod, is_subdomain(pod)),
-        ("container", container, container is None or is_label(container))) if not ok]
-    if bad:
-        raise ValueError(f"not a Kubernetes name: {', '.join(bad)}")
-
-
-def container_log_files(pod_logs: Path, namespace: str, pod: str, container: str) -> list[list[Path]]:
-    """The CRI log files of a container: one list per pod of that name (oldest pod first), each holding the
-    ``<restart>.log`` files of ``<pod_logs>/<ns>_<pod>_<uid>/<container>/`` by restart number."""
-    check_pod_names(namespace, pod, container)  # before the names go into a glob: no wildcard, no "..", no "/"
-    dirs = sorted(pod_logs.glob(f"{namespace}_{pod}_*/{container}"), key=lambda d: d.stat().st_mtime) \
-        if pod_logs.is_dir() else []
-    out = []
-    for d in dirs:
-        restarts = ((parse_index(f.stem), f) for f in d.glob("*.log"))
-        out.append([f for n, f in sorted((n, f) for n, f in restarts if n is not None)])
-    return out
-
-
-def cri_log_text(lines: Sequence[str]) -> list[str]:
-    """What a container wrote, from CRI log lines (``<time> <stream> <P|F> <text>``; a ``P`` line continues on the
-    next), without the prefix; malformed lines are left out."""
-    out: list[str] = []
-    for line in lines:
-        parts = line.split(" ", 3)
-        if len(parts) == 4:
-            out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
-    return out
-
-
-def pod_log_lines(pod_logs: Path, namespace: str, pod: str, container: str) -> list[str]:
-    """The lines a container wrote, from ``<pod_logs>/<ns>_<pod>_<uid>/<container>/<restart>.log`` (CRI format).
-    Every pod of that name and every restart, oldest first."""
-    out: list[str] = []
-    for files in container_log_files(pod_logs, namespace, pod, container):
-        for f in files:
-            with contextlib.suppress(OSError):
-                out += cri_log_text(f.read_text(errors="replace").splitlines())
-    return out

@@ -36,8 +36,9 @@ from typing import Any
 import pytest
 from accel_rig.containerdnode import RuntimeBinaries
 from accel_rig.controlplane import ControlPlane
-from accel_rig.kubeletnode import CONTAINERD, KubeletNode
+from accel_rig.kubeletnode import KubeletNode
 from accel_rig.kubeversions import build_script, kube_bin_dir, kube_cache_root, missing_binaries
+from accel_rig.nodelayout import CONTAINERD
 from accel_rig.polling import poll_until
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.core.resource import GlobalResource, NamespacedResource

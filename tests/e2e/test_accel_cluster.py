@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 from accel_rig.containerdnode import BUSYBOX_IMAGE, FAKE_HOST_IN_NODE, RuntimeBinaries, ctr
-from accel_rig.kubeletnode import KUBELET_SYSCTLS
+from accel_rig.kubeletconfig import KUBELET_SYSCTLS
 from lightkube import Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from accel_rig.controlplane import ControlPlane
-from accel_rig.kubeletnode import CONTAINERD
+from accel_rig.nodelayout import CONTAINERD
 from chart_render import NEURON_CHART, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import Client

@@ -37,7 +37,7 @@ import pytest
 import yaml
 from accel_rig.containerdnode import RuntimeBinaries
 from accel_rig.controlplane import ControlPlane
-from accel_rig.kubeletnode import CONTAINERD
+from accel_rig.nodelayout import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import Daemon, RealNode
 from dra_support import NEURON as NEURON_DRIVER

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from accel_rig.controlplane import ControlPlane
-from accel_rig.kubeletnode import CONTAINERD
+from accel_rig.nodelayout import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import ApiError, Client, codecs

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from accel_rig.containerdnode import FAKE_HOST_IN_NODE
 from accel_rig.controlplane import ControlPlane
-from accel_rig.kubeletnode import CONTAINERD
+from accel_rig.nodelayout import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL
 from conftest import RealNode
 from lightkube import Client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx2
 import pytest
-from accel_rig.controlplane import AdminApi
+from accel_rig.controlplane_api import AdminApi
 from accel_rig.controlplane_errors import ApiRequestError, ControlPlaneError
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from accel_rig.containerdnode import RuntimeBinaries, containerd_config, device_nodes, node_ip
 from accel_rig.controlplane_processes import ProcessRecord, process_start_ticks, recorded_process
-from accel_rig.kubeletnode import pod_log_lines
+from accel_rig.podlogs import pod_log_lines
 
 from accel_core.fakehost import build_host
 
