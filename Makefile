@@ -9,6 +9,7 @@ BIN    := $(VENV)/bin
 .PHONY: setup demo test lint typecheck unit protos kube runtime image kube-peers cdicheck bench bench-compare clean
 
 setup: $(VENV)/.installed
+	scripts/chart-deps.sh  # the charts' local dependencies (charts/<chart>/charts/), copied fresh
 
 $(VENV)/.installed: pyproject.toml rig/pyproject.toml tests/sample_accelerator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)

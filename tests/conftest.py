@@ -43,6 +43,8 @@ def _clear_dead_runs(base: Path) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The charts' local dependencies (charts/<chart>/charts/accel-dra-lib) are copies: fresh for every run.
+    subprocess.run([str(Path(__file__).resolve().parents[1] / "scripts" / "chart-deps.sh")], check=True, timeout=60)
     base = _ram_base()
     if base is not None and not config.option.basetemp:
         # One tree per pytest process: concurrent runs (two checkouts, a benchmark) never share or delete each
