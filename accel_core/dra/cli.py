@@ -105,6 +105,8 @@ class DriverCli:
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT
     """The liveness port's default: each driver's own (its registry declaration), so two drivers on a node
     never collide without a chart."""
+    explain_hints: Any = None
+    """``explain``'s driver-specific lines (:class:`accel_core.dra.explain.ExplainHints`), e.g. connected sizes."""
 
     def make_profile(self, args: argparse.Namespace) -> DraProfile[Any, Any]:
         return self.profile(**{f.dest: getattr(args, f.dest, f.default) for f in self.flags})
@@ -208,10 +210,20 @@ class DriverCli:
         _node_flag(remove)
         remove.add_argument("--kubeconfig", default=None)
         add_logging_flags(remove)
+
+        from accel_core.dra import explain_report  # the CEL library is imported only when explain runs
+
+        explain_report.add_arguments(sub.add_parser(
+            "explain", help="say node by node why a pod's claims, a claim or a template cannot be allocated "
+                            "(read-only; or which devices would be chosen)"))
         return parser
 
     def main(self, argv: Sequence[str] | None = None) -> int:
         args = self.parser().parse_args(argv)
+        if args.command == "explain":
+            from accel_core.dra import explain_report
+
+            return explain_report.run(args, self.prog, self.explain_hints)
         if args.command == "webhook":
             return self._webhook(args)
         if args.command == "handoff":

@@ -10,6 +10,7 @@ from accel_core.cli import env_choice
 from accel_core.dra.cli import DriverCli
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.accelerator import DRA_DRIVER
+from neuron_dra.dra.explain_hints import NEURON_EXPLAIN_HINTS
 from neuron_dra.dra.profile import NeuronProfile
 from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
@@ -22,7 +23,8 @@ METRICS_PORT = DRA_DRIVER.metrics_port
 
 CLI = DriverCli(prog="neuron-dra-driver", description=f"the Neuron DRA kubelet plugin for {DRA_DRIVER_NAME}",
                 metrics_port=METRICS_PORT, healthcheck_port=DRA_DRIVER.health_port or 0,
-                profile=NeuronProfile, flags=(CORE_NUMBERING_FLAG, CORE_DEVICES_FLAG))
+                profile=NeuronProfile, flags=(CORE_NUMBERING_FLAG, CORE_DEVICES_FLAG),
+                explain_hints=NEURON_EXPLAIN_HINTS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
