@@ -12,6 +12,7 @@
        names               dict: daemonSet, serviceAccount, clusterRole, policy, metricsService, deviceClass, container
        command             the console script (run as `<command> serve`)
        extendedResourceName  the DeviceClass's extendedResourceName when config.extendedResource is on
+       deviceClassSelector   optional: the DeviceClass's CEL selector (default: device.driver == driverName)
        nodeVerbs           verbs on nodes (the slices' owner reference needs get)
        config              the chart's draDriver values (see either chart's values.yaml)
        pod                 dict: podLabels, podAnnotations, priorityClassName, tolerations, nodeSelector, affinity,
@@ -230,7 +231,7 @@ spec:
   {{- end }}
   selectors:
     - cel:
-        expression: device.driver == {{ .d.driverName | quote }}
+        expression: {{ .d.deviceClassSelector | default (printf "device.driver == %q" .d.driverName) }}
 {{- end }}
 
 {{/* A headless Service selecting the driver's pods, for Prometheus. */}}
