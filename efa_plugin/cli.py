@@ -6,7 +6,8 @@
 
 ``serve`` never exits for a node without EFA: it logs one line, advertises nothing, keeps watching and registers
 once devices appear. SIGTERM, SIGINT and SIGHUP stop it cleanly (socket removed, exit status 0). The command line
-is :class:`accel_core.deviceplugin.cli.DevicePluginCli`; the daemon body is :mod:`efa_plugin.daemon`.
+is :class:`accel_core.deviceplugin.cli.DevicePluginCli`; the daemon is :mod:`efa_plugin.daemon`'s
+declaration, run by :class:`accel_core.deviceplugin.daemon.DevicePluginService`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from accel_core.cli import EnvFlag, node_name
 from accel_core.deviceplugin.cli import DevicePluginCli
 from accel_core.paths import ENV_NODE_NAME, HostPaths
 from efa_plugin import METRICS_PORT, RESOURCE_NAME
-from efa_plugin.daemon import DAEMON_NAME, DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, run_plugin, serve
+from efa_plugin.daemon import DAEMON_NAME, DEFAULT_HEALTH_POLL_S, DEFAULT_RESCAN_S, serve
 
-__all__ = ["CLI", "build_parser", "main", "run_plugin"]
+__all__ = ["CLI", "build_parser", "main"]
 
 
 def _ls(paths: HostPaths, args: argparse.Namespace) -> str:

@@ -97,7 +97,7 @@ class EfaMetrics:
         for dev in devices:
             labels = base_labels(dev)
             info.add_metric([*labels, dev.uverbs, dev.pcie_root or ""], 1)
-            healthy.add_metric(labels, 1 if dev.healthy else 0)
+            healthy.add_metric(labels, 1 if self._policy.health(dev.id).healthy else 0)
             handed.add_metric(labels, counts.get(dev.id, 0))
             if allocated is not None:
                 in_use.add_metric(labels, 1 if dev.id in allocated else 0)

@@ -1,9 +1,9 @@
 """The EFA device-plugin policy: what ``vpc.amazonaws.com/efa`` advertises, prefers and hands to a container.
 
-It keeps the latest inventory, re-read by :meth:`EfaPolicy.rediscover` on every host change through the EFA host
-scanner (:mod:`efa_plugin.scanner`, shared with the DRA driver), which remembers every device it has seen: a device
-whose sysfs entry vanishes stays advertised as Unhealthy until it comes back, so the node's capacity does not
-silently shrink and nothing is scheduled onto it.
+It keeps the inventory and health of the latest scan of the EFA host scanner (:mod:`efa_plugin.scanner`, shared
+with the DRA driver), which the device-plugin service hands it on every host change. The scanner remembers every
+device it has seen: a device whose sysfs entry vanishes stays advertised as Unhealthy until it comes back, so the
+node's capacity does not silently shrink and nothing is scheduled onto it.
 
 Allocate gives one DeviceSpec per device, ``/dev/infiniband/uverbsN`` with ``rw``, and nothing else: no hostPath of
 ``/dev/infiniband`` (which would expose non-EFA uverbs, umad and issm nodes), no ``rdma_cm`` (EFA does not use it).
@@ -14,24 +14,25 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 
-from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError
+from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginProfile
 from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.health import HEALTHY, DeviceHealth
+from accel_core.hostscan import HostScan
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.allocation import Topology
 from efa_plugin.discovery import CLASS_VERBS, EfaInventory, discover
-from efa_plugin.health_rule import device_health
 from efa_plugin.scanner import EfaScanner
 
 log = logging.getLogger(__name__)
 
 
-class EfaPolicy:
-    """DevicePluginPolicy for EFA. Readers in other threads (metrics) are safe: the state is replaced whole."""
+class EfaPolicy(DevicePluginProfile[EfaInventory]):
+    """DevicePluginPolicy for EFA, and the plugin's profile (:mod:`accel_core.deviceplugin.daemon`). Readers in
+    other threads (metrics) are safe: the state is replaced whole."""
 
     resource_name = RESOURCE_NAME
     socket_name = SOCKET_NAME
@@ -40,7 +41,9 @@ class EfaPolicy:
                  scanner: EfaScanner | None = None) -> None:
         self.paths = paths
         self.scanner = scanner if scanner is not None else EfaScanner(discover_fn)
+        self.policies = (self,)
         self._inventory = EfaInventory()
+        self._health: Mapping[str, DeviceHealth] = {}
         self._topology = Topology(())
         self._problems = ProblemLog(log, "EFA device unhealthy", "EFA problem cleared",
                                     appeared_without_subject="EFA entry skipped")
@@ -57,9 +60,18 @@ class EfaPolicy:
     def topology(self) -> Topology:
         return self._topology
 
+    def health(self, device_id: str) -> DeviceHealth:
+        """The device's health as the latest scan said (the one EFA rule)."""
+        return self._health.get(device_id, HEALTHY)
+
     def rediscover(self) -> bool:
-        """Re-read the host; log what changed (once per problem); returns True when the inventory changed."""
-        scan = self.scanner.scan(self.paths)
+        """Scan the host here and take the scan; returns True when the inventory changed (tests, ``ls``)."""
+        before = self._inventory
+        self.update(self.scanner.scan(self.paths))
+        return self._inventory is not before
+
+    def update(self, scan: HostScan[EfaInventory]) -> None:
+        """Take a host scan: inventory and health; log what changed (once per problem)."""
         inventory, new = scan.inventory, set(scan.new)
         for dev in inventory.devices:
             if dev.id in new:
@@ -67,11 +79,11 @@ class EfaPolicy:
                                                       numa=dev.numa_node, pcie_root=dev.pcie_root,
                                                       port=dev.port_state))
         self._report(inventory)
+        self._health = scan.health
         if inventory == self._inventory:
-            return False
+            return
         self._topology = Topology(inventory.devices)
         self._inventory = inventory
-        return True
 
     def _report(self, inv: EfaInventory) -> None:
         """One log line per problem when it appears, and one when it clears."""
@@ -83,16 +95,9 @@ class EfaPolicy:
                               non_efa_rdma=len(inv.ignored)))
         self._announced_empty = not inv.devices
 
-    def watch_paths(self) -> list[Path]:
-        return [*self.scanner.watch_paths(self.paths, self._inventory),
-                *self.scanner.coexistence.device_plugin_watch_paths(self.paths)]
-
-    def health_files(self) -> list[Path]:
-        return self.scanner.health_files(self.paths, self._inventory)
-
     # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
     def devices(self) -> list[AdvertisedDevice]:
-        return [AdvertisedDevice(d.id, device_health(d).healthy, d.numa_node) for d in self._inventory.devices]
+        return [AdvertisedDevice(d.id, self.health(d.id).healthy, d.numa_node) for d in self._inventory.devices]
 
     def advertise_blocked(self) -> str | None:
         """Nothing is advertised while the EFA DRA driver is registered on this node (it hands out the same EFAs)."""
@@ -109,10 +114,9 @@ class EfaPolicy:
             dev = inv.get(device_id)
             if dev is None:
                 raise AllocationError(f"unknown EFA device ID {device_id!r}")
-            health = device_health(dev)
+            health = self.health(device_id)
             if not health.healthy:
                 raise AllocationError(f"EFA device {device_id!r} ({dev.ibdev}) is unhealthy: {health.message}")
             nodes.append(DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor))
         self.allocation_counts.update(dict.fromkeys(ids, 1))
         return ContainerEdits(device_nodes=tuple(nodes))
-

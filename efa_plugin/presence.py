@@ -1,9 +1,10 @@
 """A cheap guess, before the full host scan, that this node has an EFA to advertise.
 
 It decides only whether the plugin registers with the kubelet before its first scan (the scan and everything it
-needs load after that). True when an RDMA device under ``/sys/class/infiniband`` is bound to the ``efa`` driver and
-the EFA DRA driver is not registered on the node. A wrong "no" costs nothing (the plugin registers after the scan,
-as it always did); a wrong "yes" registers a resource whose list is empty, as after devices vanish.
+needs load after that). True when an RDMA device under ``/sys/class/infiniband`` is bound to the ``efa`` driver (the
+device-plugin service asks only while the EFA DRA driver does not serve the node). A wrong "no" costs nothing (the
+plugin registers after the scan, as it always did); a wrong "yes" registers a resource whose list is empty, as
+after devices vanish.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 
 from accel_core.paths import HostPaths
-from efa_plugin import COEXISTENCE
 
 CLASS_IB = "/sys/class/infiniband"
 #: the kernel driver an EFA PCI function is bound to
@@ -19,8 +19,6 @@ EFA_DRIVER = "efa"
 
 
 def efa_expected(paths: HostPaths) -> bool:
-    if COEXISTENCE.device_plugin_blocked(paths):
-        return False
     class_dir = paths.host(CLASS_IB)
     try:
         names = os.listdir(class_dir)

@@ -21,6 +21,7 @@ from accel_core.coexistence import Coexistence
 from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
 from neuron_dra import COEXISTENCE, DEVICE_PREFIX, NEURON_RESOURCE, NEURONCORE_RESOURCE, health_rule
+from neuron_dra.coreids import core_ids
 from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover, refresh_state
 
 
@@ -82,8 +83,7 @@ class NeuronScanner:
         ``aws.amazon.com/neuroncore`` IDs (global logical core indices: index * logical cores per device + local)."""
         per = inventory.logical_cores_per_device()
         return {f"{DEVICE_PREFIX}{d.index}": ((NEURON_RESOURCE, str(d.index)),
-                                              *((NEURONCORE_RESOURCE, str(c))
-                                                for c in range(d.index * per, (d.index + 1) * per)))
+                                              *((NEURONCORE_RESOURCE, str(c)) for c in core_ids(d.index, per)))
                 for d in inventory.devices}
 
     def health_files(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:

@@ -1,12 +1,17 @@
-"""The seam a device-plugin driver implements: one policy per extended resource."""
+"""The seams a device plugin implements: one policy per extended resource, and a profile (the host scanner and
+its policies) that :class:`accel_core.deviceplugin.daemon.DevicePluginService` drives."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from accel_core.edits import ContainerEdits
+from accel_core.hostscan import HostScan, HostScanner
+
+InventoryT = TypeVar("InventoryT")
 
 
 @dataclass(frozen=True)
@@ -46,3 +51,20 @@ class DevicePluginPolicy(Protocol):
     def allocate(self, ids: Sequence[str]) -> ContainerEdits:
         """Edits for one container getting ``ids``; raise AllocationError naming a bad ID."""
         ...
+
+
+class DevicePluginProfile(Protocol[InventoryT]):
+    """What an accelerator's device plugin is once loaded; subclass it to inherit the optional :meth:`start`."""
+
+    scanner: HostScanner[InventoryT]
+    policies: Sequence[DevicePluginPolicy]
+    """One per registration, in the declaration's order."""
+
+    def update(self, scan: HostScan[InventoryT]) -> None:
+        """Take a new scan (on the event loop): inventory and health come from it, nowhere else."""
+        ...
+
+    async def start(self, stop: asyncio.Event) -> Sequence[asyncio.Task[None]]:
+        """Once the first scan is in, before the servers advertise: learn what the node holds; returns tasks that
+        run beside the watcher until ``stop`` (awaited at shutdown)."""
+        return ()

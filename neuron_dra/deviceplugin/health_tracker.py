@@ -1,5 +1,5 @@
-"""Device health for the device plugin: the one Neuron rule (:mod:`neuron_dra.health_rule`), remembered across
-rediscoveries so changes are logged once and ListAndWatch is re-sent only when something changed."""
+"""Device health for the device plugin, as the host scan gives it (the one Neuron rule, :mod:`neuron_dra.health_rule`),
+remembered across scans so changes are logged once and ListAndWatch is re-sent only when something changed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from accel_core.health import DeviceHealth
 from accel_core.logs import kv
 from neuron_dra.discovery import NeuronInventory
-from neuron_dra.health_rule import device_health
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +19,11 @@ class HealthTracker:
     def __init__(self) -> None:
         self._state: dict[int, DeviceHealth] = {}
 
-    def update(self, inventory: NeuronInventory, health: Mapping[str, DeviceHealth] | None = None) -> list[int]:
-        """``health``: the scanner's, by index as a string (computed here when not given)."""
+    def update(self, inventory: NeuronInventory, health: Mapping[str, DeviceHealth]) -> list[int]:
+        """``health``: the scan's, by index as a string."""
         changed: list[int] = []
         for dev in inventory.devices:
-            state = health[str(dev.index)] if health is not None else device_health(dev)
+            state = health[str(dev.index)]
             if self._state.get(dev.index) != state:
                 if dev.index in self._state or not state.healthy:
                     level = logging.INFO if state.healthy else logging.WARNING

@@ -9,6 +9,7 @@ from typing import Any
 from accel_core.awsfacts import ultraserver
 from accel_core.paths import HostPaths
 from neuron_dra import COEXISTENCE
+from neuron_dra.coreids import core_ids
 from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.discovery import NeuronInventory, discover
 
@@ -28,7 +29,7 @@ def inventory_report(inv: NeuronInventory, blocked: str | None = None) -> dict[s
             "device_name": dev.device_name,
             "physical_cores": dev.core_count,
             "logical_cores": per,
-            "core_ids": list(range(dev.index * per, (dev.index + 1) * per)),
+            "core_ids": list(core_ids(dev.index, per)),
             "memory_bytes": dev.memory_bytes,
             "connected_devices": list(dev.connected),
             "pci_address": dev.pci_address,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from accel_core.hostfiles import HostValueError, read_int
+from neuron_dra.coreids import core_id
 from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.deviceplugin.node import NeuronNode
 from neuron_dra.discovery import CLASS_DIR
@@ -92,7 +93,7 @@ class NeuronMetrics:
                     if value is not None:
                         status.add_metric([idx, str(core), name], float(value))
                 mem_dir = f"{cdir}/stats/memory_usage/device_mem"
-                gcore = dev.index * lcpd + core // ratio
+                gcore = core_id(dev.index, lcpd, core // ratio)
                 for cat in _listdir(mem_dir):
                     value = _read_int(f"{mem_dir}/{cat}/present")
                     if value is None:

@@ -2,7 +2,8 @@
 
 ID scheme (what the kubelet, PodResources and CloudWatch Container Insights see):
 ``aws.amazon.com/neuron`` ID = device index (``"3"``); ``aws.amazon.com/neuroncore`` ID = global logical core
-index = device index * logical cores per device + local core (``"13"`` is device 3, core 1 at 4 per device).
+index = device index * logical cores per device + local core (``"13"`` is device 3, core 1 at 4 per device;
+:mod:`neuron_dra.coreids`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from accel_core.hostfiles import parse_index
+from accel_core.hostscan import HostScan
 from accel_core.logs import ProblemLog, kv
 from accel_core.paths import HostPaths
 from neuron_dra import discovery
+from neuron_dra.coreids import core_ids
 from neuron_dra.deviceplugin.health_tracker import HealthTracker
 from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.discovery import NeuronInventory
@@ -56,10 +58,13 @@ class NeuronNode:
 
     # -- host ----------------------------------------------------------------------------------------------------
     def rediscover(self) -> None:
-        """Re-read the host through the Neuron host scanner (never raises for bad host files); logs new problems
-        and health changes. Between full scans (every ``full_rescan_interval`` s) the scanner re-reads only
-        presence and ECC counters, which keeps the frequent health rescans short."""
-        host = self.scanner.scan(self.paths)
+        """Scan the host here and take the scan (tests, benchmarks; the daemon scans in a worker thread)."""
+        self.update(self.scanner.scan(self.paths))
+
+    def update(self, host: HostScan[NeuronInventory]) -> None:
+        """Take a scan of the Neuron host scanner (which never raises for bad host files): inventory and health;
+        logs new problems and health changes. Between full scans (every ``full_rescan_interval`` s) the scanner
+        re-reads only presence and ECC counters, which keeps the frequent health rescans short."""
         inv = host.inventory
         if host.problems != self._last_problems:
             self._problems.update(("", p) for p in host.problems)
@@ -79,15 +84,8 @@ class NeuronNode:
         self._first = False
         self.inventory = inv
 
-    def watch_paths(self) -> list[Path]:
-        return [*self.scanner.watch_paths(self.paths, self.inventory),
-                *self.scanner.coexistence.device_plugin_watch_paths(self.paths)]
-
-    def health_files(self) -> list[Path]:
-        return self.scanner.health_files(self.paths, self.inventory)
-
     def blocked(self) -> str | None:
-        """Why nothing is advertised now (the DRA driver serves this node), or None; the daemon's
+        """Why nothing is advertised now (the DRA driver serves this node), or None; the device-plugin service's
         :class:`~accel_core.deviceplugin.handover.DraHandover` logs and reports the changes."""
         return self.scanner.coexistence.device_plugin_blocked(self.paths)
 
@@ -97,8 +95,7 @@ class NeuronNode:
         return self.inventory.logical_cores_per_device()
 
     def core_ids(self, device: int) -> range:
-        per = self.cores_per_device
-        return range(device * per, (device + 1) * per)
+        return core_ids(device, self.cores_per_device)
 
     def device_of_core(self, core: int) -> int:
         return core // self.cores_per_device if self.cores_per_device else -1

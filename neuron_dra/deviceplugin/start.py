@@ -1,4 +1,4 @@
-"""``neuron-device-plugin serve`` up to the first Register: both servers registered before the daemon (daemon.py),
+"""``neuron-device-plugin serve``, declared: both registrations serve and register before the daemon (daemon.py),
 its scan, catalog, policies and metrics load. Light: only what serving and registering need."""
 
 from __future__ import annotations
@@ -6,36 +6,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from accel_core.deviceplugin.pluginserver import DevicePluginServer, register_first
+from accel_core.deviceplugin.daemon import DevicePluginDaemon, DevicePluginService
 from accel_core.paths import HostPaths
 from neuron_dra import COEXISTENCE
 from neuron_dra.deviceplugin.options import REGISTRATIONS, ServeOptions
 from neuron_dra.presence import devices_present
 
+if TYPE_CHECKING:
+    from neuron_dra.deviceplugin.daemon import NeuronPlugin
+
+DAEMON_NAME = "neuron-device-plugin"
+
+
+def plugin(options: ServeOptions) -> DevicePluginDaemon:
+    """The declaration for ``options``."""
+
+    def load(service: DevicePluginService) -> NeuronPlugin:
+        from neuron_dra.deviceplugin.daemon import NeuronPlugin
+
+        return NeuronPlugin(service, options)
+
+    return DevicePluginDaemon(DAEMON_NAME, REGISTRATIONS, COEXISTENCE, load, probe=devices_present)
+
+
+def service(paths: HostPaths, options: ServeOptions) -> DevicePluginService:
+    """The device plugin for ``options``, ready to ``run``."""
+    return DevicePluginService(plugin(options), paths, rescan_interval=options.rescan_interval,
+                               health_poll_interval=options.health_poll_interval, metrics_port=options.metrics_port,
+                               metrics_address=options.metrics_address, node_name=options.node_name,
+                               kubeconfig=options.kubeconfig, retry_interval=options.retry_interval)
+
 
 def serve(paths: HostPaths, args: argparse.Namespace) -> Callable[[asyncio.Event], Awaitable[None]]:
     """The daemon body for ``serve``'s flags."""
-    options = ServeOptions.from_args(args)
-    return lambda stop: serve_registering_first(paths, options, stop)
-
-
-def early_servers(paths: HostPaths, options: ServeOptions) -> list[DevicePluginServer]:
-    """Both servers, without policies yet: they register when this node shows Neuron devices and no DRA driver."""
-
-    def expected() -> bool:
-        return devices_present(paths) and COEXISTENCE.device_plugin_blocked(paths) is None
-
-    return [DevicePluginServer(None, paths, resource_name=resource, socket_name=socket, expect_devices=expected,
-                               retry_interval=options.retry_interval) for resource, socket in REGISTRATIONS]
-
-
-async def serve_registering_first(paths: HostPaths, options: ServeOptions, stop: asyncio.Event,
-                                  servers: list[DevicePluginServer] | None = None) -> None:
-    """Serve both sockets and register them (:func:`early_servers`), then load and run the daemon, which gives
-    both servers their policies."""
-    servers = servers if servers is not None else early_servers(paths, options)
-    await register_first(servers, stop)
-    from neuron_dra.deviceplugin.daemon import serve
-
-    await serve(paths, options, stop, servers=servers)
+    return service(paths, ServeOptions.from_args(args)).run

@@ -1,7 +1,7 @@
 """The device plugin's side of the coexistence rule (the DRA driver wins), with the EFA device plugin as the daemon
-wires it (run_plugin), on a fake p5.48xlarge, against the kubelet stand-in (registration and PodResources) over real
-unix sockets. The DRA driver is played by its presence file and PodResources ``dynamic_resources``, as the kubelet
-reports a running pod's claims (kubelet-apis.md: ClaimResource driver_name, pool_name, device_name)."""
+wires it (DevicePluginService), on a fake p5.48xlarge, against the kubelet stand-in (registration and PodResources)
+over real unix sockets. The DRA driver is played by its presence file and PodResources ``dynamic_resources``, as the
+kubelet reports a running pod's claims (kubelet-apis.md: ClaimResource driver_name, pool_name, device_name)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from hostcache import copy_host
 from prometheus_client import CollectorRegistry
 
 from accel_core.coexistence import write_presence
+from accel_core.deviceplugin.daemon import DevicePluginService
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME
-from efa_plugin.cli import run_plugin
+from efa_plugin.daemon import PLUGIN
 
 #: The EFA DRA driver's name for the EFA at PCI address 0000:4f:00.0 (rdmap79s0 on p5.48xlarge), whose
 #: device-plugin ID is that PCI address (docs/efa-dra-driver.md, docs/efa-device-plugin.md).
@@ -71,8 +72,8 @@ async def plugin(short_tmp: Path, port: int) -> AsyncIterator[tuple[KubeletStand
 
 
 async def _run(paths: HostPaths, port: int, stop: asyncio.Event) -> asyncio.Task[None]:
-    return asyncio.create_task(run_plugin(paths, stop, registry=CollectorRegistry(), retry_interval=0.2,
-                                          metrics_port=port))
+    return asyncio.create_task(DevicePluginService(PLUGIN, paths, registry=CollectorRegistry(), retry_interval=0.2,
+                                                   metrics_port=port).run(stop))
 
 
 def _health(devices: list[dp.Device]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The EFA device plugin as the daemon wires it (run_plugin: DevicePluginServer + serve_device_plugins + discovery),
+"""The EFA device plugin as the daemon wires it (DevicePluginService with its declaration),
 on fake hosts, against the kubelet stand-in over real unix sockets; and the real ``serve`` process."""
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from hostcache import copy_host
 from prometheus_client import CollectorRegistry, generate_latest
 from waits import logged
 
+from accel_core.deviceplugin.daemon import DevicePluginService
 from accel_core.fakehost import FakeHost, build_host, clear_host
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
-from efa_plugin.cli import run_plugin
+from efa_plugin.daemon import PLUGIN
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +48,7 @@ async def node(short_tmp: Path, instance_type: str, *, efa: bool = True) -> Asyn
     registry = CollectorRegistry()
     paths = standin.paths(host_root=host.root)
     stop = asyncio.Event()
-    task = asyncio.create_task(run_plugin(paths, stop, registry=registry, retry_interval=0.2))
+    task = asyncio.create_task(DevicePluginService(PLUGIN, paths, registry=registry, retry_interval=0.2).run(stop))
     try:
         yield Node(host, standin, registry)
     finally:

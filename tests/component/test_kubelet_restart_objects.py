@@ -12,8 +12,9 @@ from pathlib import Path
 from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
+from accel_core.deviceplugin.daemon import DevicePluginService
 from efa_plugin import RESOURCE_NAME
-from efa_plugin.cli import run_plugin
+from efa_plugin.daemon import PLUGIN
 
 
 def abc_cache_parts(objects: list[object]) -> set[int]:
@@ -63,7 +64,8 @@ def test_kubelet_restarts_leave_no_growing_structure(short_tmp: Path) -> None:
         standin = KubeletStandIn(short_tmp / "k")
         await standin.start()
         stop = asyncio.Event()
-        task = asyncio.create_task(run_plugin(standin.paths(host_root=host.root), stop, retry_interval=0.05))
+        task = asyncio.create_task(DevicePluginService(PLUGIN, standin.paths(host_root=host.root),
+                                                       retry_interval=0.05).run(stop))
 
         async def restarts(count: int) -> None:
             for _ in range(count):

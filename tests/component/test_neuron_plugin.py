@@ -26,8 +26,8 @@ from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from accel_core.paths import HostPaths
-from neuron_dra.deviceplugin.cli import serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
+from neuron_dra.deviceplugin.start import service
 
 NEURON = "aws.amazon.com/neuron"
 CORE = "aws.amazon.com/neuroncore"
@@ -56,7 +56,7 @@ async def running(short_tmp: Path, itype: str, lnc: int | None = None,
     options = ServeOptions(rescan_interval=0.2, pod_resources_interval=0.1, pod_resources_idle_interval=0.1,
                            retry_interval=0.2)
     stop = asyncio.Event()
-    task = asyncio.create_task(serve_registering_first(paths, options, stop))  # as the CLI runs it
+    task = asyncio.create_task(service(paths, options).run(stop))  # as the CLI runs it
     try:
         yield Running(standin, fake, paths)
     finally:

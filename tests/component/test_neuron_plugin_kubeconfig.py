@@ -13,8 +13,8 @@ from accel_rig.polling import until
 from hostcache import copy_host
 from waits import logged
 
-from neuron_dra.deviceplugin.cli import serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
+from neuron_dra.deviceplugin.start import service
 
 
 def test_a_kubeconfig_that_is_no_kubeconfig_is_logged_and_serving_goes_on(
@@ -29,7 +29,7 @@ def test_a_kubeconfig_that_is_no_kubeconfig_is_logged_and_serving_goes_on(
         options = ServeOptions(node_name="n1", kubeconfig=str(passwd), retry_interval=0.2,
                                pod_resources_interval=0.1, pod_resources_idle_interval=0.1)
         stop = asyncio.Event()
-        task = asyncio.create_task(serve_registering_first(standin.paths(host_root=fake.root), options, stop))
+        task = asyncio.create_task(service(standin.paths(host_root=fake.root), options).run(stop))
         try:
             await standin.wait_registered("aws.amazon.com/neuron", timeout=30)
             await until(logged(caplog, f"--kubeconfig {passwd}: not a usable kubeconfig"), "the kubeconfig error")

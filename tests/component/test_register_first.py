@@ -1,7 +1,7 @@
 """Start-up registers first: the daemons' CLI modules load only what serving and registering need, and the
 scan, the catalog, metrics and the watchers load after the kubelet has the registration (the kubelet then waits
-for the first ListAndWatch answer). The component tests of both plugins run this same path (run_plugin,
-serve_registering_first); these check what only it does."""
+for the first ListAndWatch answer). The component tests of both plugins run this same path
+(DevicePluginService.run); these check what only it does."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from accel_rig.kubelet_standin import KubeletStandIn
 from accel_rig.polling import until
 from hostcache import copy_host
 
-from neuron_dra.deviceplugin.cli import early_servers, serve_registering_first
 from neuron_dra.deviceplugin.options import ServeOptions
+from neuron_dra.deviceplugin.start import service
 
 HEAVY = ("prometheus_client", "yaml", "lightkube", "asyncinotify", "pyudev", "accel_core.awsfacts.catalog",
          "neuron_dra.discovery", "efa_plugin.discovery", "accel_core.watch", "accel_core.metrics_http")
@@ -36,8 +36,8 @@ def test_neuron_registers_both_then_sends_the_full_lists(short_tmp: Path) -> Non
         standin = KubeletStandIn(short_tmp / "kubelet")
         await standin.start(pod_resources=True)
         stop = asyncio.Event()
-        task = asyncio.create_task(serve_registering_first(standin.paths(host_root=fake.root),
-                                                           ServeOptions(retry_interval=0.2), stop))
+        task = asyncio.create_task(service(standin.paths(host_root=fake.root),
+                                           ServeOptions(retry_interval=0.2)).run(stop))
         try:
             await standin.wait_registered("aws.amazon.com/neuron")
             await standin.wait_registered("aws.amazon.com/neuroncore")
@@ -63,11 +63,12 @@ def test_neuron_does_not_register_early_while_the_dra_driver_is(short_tmp: Path)
         standin.registry_dir.mkdir(parents=True, exist_ok=True)
         paths = standin.paths(host_root=fake.root)
         options = ServeOptions(retry_interval=0.2)
-        servers = early_servers(paths, options)
+        plugin = service(paths, options)
+        servers = plugin.servers
         stop = asyncio.Event()
         with socket.socket(socket.AF_UNIX) as sock:  # a real unix socket, as the DRA driver leaves it
             sock.bind(str(standin.registry_dir / "neuron.aws.com-reg.sock"))
-            task = asyncio.create_task(serve_registering_first(paths, options, stop, servers))
+            task = asyncio.create_task(plugin.run(stop))
             try:
                 await until(lambda: all(s.first_round.is_set() for s in servers), "both first rounds")
                 return list(standin.registrations)

@@ -135,10 +135,11 @@ FAIL_AFTER_REGISTER = """
 import sys
 import neuron_dra.deviceplugin.daemon as body
 
-async def serve(*args, **kwargs):
-    raise RuntimeError("the daemon body failed after registering")
+class NeuronPlugin:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("the daemon body failed after registering")
 
-body.serve = serve
+body.NeuronPlugin = NeuronPlugin
 from neuron_dra.deviceplugin.cli import CLI
 sys.exit(CLI.main(sys.argv[1:]))
 """

@@ -18,6 +18,7 @@ from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.awsfacts import catalog
+from accel_core.deviceplugin.daemon import DevicePluginService
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.config import ConfigError
@@ -28,6 +29,7 @@ from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
+from efa_plugin.daemon import PLUGIN
 from efa_plugin.dra.cli import main
 from efa_plugin.dra.profile import EfaConfig, EfaProfile
 from efa_plugin.policy import EfaPolicy
@@ -169,12 +171,12 @@ def test_the_device_plugin_sees_the_same_health(tmp_path: Path) -> None:
 
 def test_both_daemons_poll_each_present_efas_port_state(tmp_path: Path) -> None:
     fake, paths = host(tmp_path, "p5.48xlarge")
-    profile, policy = EfaProfile(), EfaPolicy(paths)
+    profile, plugin = EfaProfile(), DevicePluginService(PLUGIN, paths)
+    plugin.profile = EfaPolicy(paths)
 
     def polled() -> list[Path]:
-        policy.rediscover()
         files = profile.scanner.health_files(paths, profile.scan(paths, "1.2.3").inventory)
-        assert files == policy.health_files(), "the device plugin and the DRA driver poll the same files"
+        assert files == plugin.look()[1], "the device plugin and the DRA driver poll the same files"
         return files
 
     files = polled()

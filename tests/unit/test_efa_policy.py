@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
 import pytest
 from hostcache import copy_host, own_paths
 
+from accel_core.deviceplugin.daemon import DevicePluginService
 from accel_core.deviceplugin.policy import AllocationError
 from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
+from efa_plugin.daemon import PLUGIN
 from efa_plugin.policy import EfaPolicy
 
 
@@ -113,8 +116,11 @@ def test_no_efa_node_says_so_once_and_picks_devices_up_later(tmp_path: Path,
 
 def test_watch_paths_cover_classes_dev_and_ports(p5: tuple[FakeHost, EfaPolicy]) -> None:
     host, policy = p5
+    plugin = DevicePluginService(PLUGIN, policy.paths)
+    plugin.profile = policy
+    asyncio.run(plugin.rescan())
     # files, so that the watcher watches exactly their directories
-    paths = policy.watch_paths()
+    paths = plugin.watch_paths()
     assert host.path("/sys/class/infiniband_verbs/abi_version") in paths
     assert host.path("/dev/infiniband/rdma_cm") in paths
     assert host.ibdev_dir("rdmap79s0") / "ports" / "1" / "state" in paths
@@ -124,8 +130,8 @@ def test_watch_paths_cover_classes_dev_and_ports(p5: tuple[FakeHost, EfaPolicy])
     assert policy.paths.plugins_data_dir / "efa.aws.com" / "serving.json" in paths
     assert len(paths) == 4 + 32
     host.remove_efa("rdmap79s0")
-    policy.rediscover()
-    assert len(policy.watch_paths()) == 4 + 31
+    asyncio.run(plugin.rescan())
+    assert len(plugin.watch_paths()) == 4 + 31
 
 
 def test_preferred_uses_the_topology(p5: tuple[FakeHost, EfaPolicy]) -> None:

@@ -17,9 +17,12 @@ from accel_core.metrics import CallbackCollector
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import NeuronCorePolicy, NeuronDevicePolicy, NeuronNode
 from neuron_dra.deviceplugin.cli import main
+from neuron_dra.deviceplugin.daemon import NeuronPlugin
 from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.deviceplugin.metrics import NeuronMetrics
+from neuron_dra.deviceplugin.options import ServeOptions
 from neuron_dra.deviceplugin.podresources import in_use_from
+from neuron_dra.deviceplugin.start import service
 from neuron_dra.discovery import discover
 from neuron_dra.dra.profile import NeuronProfile
 from neuron_dra.health_rule import device_health
@@ -207,12 +210,13 @@ def test_one_rule_for_the_device_plugin_and_the_dra_driver(tmp_path: Path) -> No
 
 def test_both_daemons_poll_each_present_devices_uncorrected_counters(tmp_path: Path) -> None:
     fake, node, _, _ = make(tmp_path, "trn2.48xlarge")
-    profile = NeuronProfile()
+    profile, options = NeuronProfile(), ServeOptions()
+    plugin = service(node.paths, options)
+    plugin.profile = NeuronPlugin(plugin, options, node)
 
     def polled() -> list[str]:
-        node.rediscover()
         files = profile.scanner.health_files(node.paths, profile.scan(node.paths, "0.1.0").inventory)
-        assert files == node.health_files(), "the device plugin and the DRA driver poll the same files"
+        assert files == plugin.look()[1], "the device plugin and the DRA driver poll the same files"
         return [f.relative_to(fake.root).as_posix() for f in files]
 
     files = polled()
