@@ -28,7 +28,7 @@ from accel_core.dra.slicemodel import CounterSet, SliceDevice
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.paths import HostPaths
-from neuron_dra import DRA_DRIVER_NAME
+from neuron_dra import DRA_DRIVER_NAME, coreids
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra import cores
 from neuron_dra.dra import ultraserver as us_dra
@@ -139,7 +139,7 @@ class NeuronProfile:
         per_device = 1
         local: dict[int, list[int]] = {}  # chip -> its logical cores (at ``effective``) the request may use
         for index in indices:
-            per_device = max(1, by_index[index].core_count // width)
+            per_device = coreids.logical_cores(by_index[index].core_count, effective)
             if index in whole:
                 local[index] = list(range(per_device))
                 continue
@@ -149,7 +149,7 @@ class NeuronProfile:
                 names = ", ".join(n for n, i in chip_of.items() if i == index)
                 raise ClaimError(f"request {request}: logicalNeuronCore: {effective} needs whole pairs of physical "
                                  f"cores, but {names} of {device_name(index)} is not (ask for 2 cores of one chip)")
-        core_ids = [index * per_device + c for index in indices for c in local[index]]
+        core_ids = [coreids.core_id(index, per_device, c) for index in indices for c in local[index]]
         env = list(runtime_env(core_ids, cores_per_device=per_device, lnc=lnc, numbering=self.core_numbering))
         if config.ultraserver_mode is not None:
             env.extend(us_dra.runtime_env(inventory.ultraserver, config.ultraserver_mode, request,
@@ -180,11 +180,10 @@ def device_status(devices: Sequence[NeuronDevice], lnc: int | None, numbering: C
     indices) and the Logical NeuronCore setting in effect."""
     out: dict[str, DeviceStatusData] = {}
     for pos, dev in enumerate(devices):
-        per_device = max(1, dev.core_count // (lnc or 1))
         place = rank[dev.index] if rank is not None else pos
-        first = (place if numbering == "container" else dev.index) * per_device
-        data: dict[str, object] = {"index": dev.index,
-                                   "visibleCores": format_core_list(range(first, first + per_device))}
+        visible = coreids.core_ids(place if numbering == "container" else dev.index,
+                                   coreids.logical_cores(dev.core_count, lnc))
+        data: dict[str, object] = {"index": dev.index, "visibleCores": format_core_list(visible)}
         if dev.pci_address:
             data["pciBusID"] = dev.pci_address
         if lnc is not None:
@@ -197,12 +196,11 @@ def core_status(dev: NeuronDevice, core: int, node_lnc: int | None, lnc: int | N
                 place: int) -> DeviceStatusData:
     """A core device's ``status.devices`` data: its chip, its logical core there, and the cores the container sees
     for it (its physical cores at the LNC in effect, numbered as :func:`device_status` numbers them)."""
-    width = lnc or 1
-    per_device = max(1, dev.core_count // width)
-    first = (place if numbering == "container" else dev.index) * per_device
+    width, chip = lnc or 1, place if numbering == "container" else dev.index
+    per_device = coreids.logical_cores(dev.core_count, lnc)
     local = sorted({p // width for p in cores.physical_cores(node_lnc, core)})
     data: dict[str, object] = {"index": dev.index, "coreIndex": core,
-                               "visibleCores": format_core_list(first + c for c in local)}
+                               "visibleCores": format_core_list(coreids.core_id(chip, per_device, c) for c in local)}
     if lnc is not None:
         data["logicalNeuronCore"] = lnc
     return DeviceStatusData(data)
