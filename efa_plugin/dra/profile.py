@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from accel_core.awsfacts.neuron_efa import efa_device_group_ids
@@ -32,12 +32,13 @@ from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.slicemodel import AttributeValue, SliceDevice, Version
 from accel_core.dra.types import ClaimError, DeviceStatusData
 from accel_core.edits import ContainerEdits, DeviceNode
+from accel_core.health import DeviceHealth
 from accel_core.paths import HostPaths
 from efa_plugin import DRA_DRIVER_NAME
 from efa_plugin.discovery import EfaDevice, EfaInventory
 from efa_plugin.dra.config import EfaParams
 from efa_plugin.dra.names import device_name
-from efa_plugin.health_rule import device_health, present
+from efa_plugin.health_rule import present
 from efa_plugin.scanner import RDMA_CM, EfaScanner
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
@@ -81,12 +82,14 @@ class EfaProfile:
     def __init__(self, scanner: EfaScanner | None = None) -> None:
         self.scanner = scanner if scanner is not None else EfaScanner()
         self._rdma_cm = False
+        self._health: Mapping[str, DeviceHealth] = {}  # the latest scan's, by device-plugin ID
 
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[EfaInventory]:
         host = self.scanner.scan(paths)
         inv = host.inventory
         self._rdma_cm = os.path.exists(paths.host(RDMA_CM))
         devices = tuple(SliceDevice(device_name(d), device_attributes(inv, d, dra_version)) for d in inv.devices)
+        self._health = host.health
         health = {device_name(d): host.health[d.id] for d in inv.devices}
         return Scan(inv, devices, health, host.problems, host.summary, node_label_attributes=AWS_TOPOLOGY_LABELS)
 
@@ -106,8 +109,9 @@ class EfaProfile:
                 raise ClaimError(f"device {name} (request {request}) is not an EFA of this node "
                                  f"(devices: {', '.join(sorted(by_name)) or 'none'})")
             if not present(dev):
+                why = self._health.get(dev.id)
                 raise ClaimError(f"device {name} ({dev.ibdev}, request {request}) cannot be used on this node: "
-                                 f"{device_health(dev).message}")
+                                 f"{why.message if why is not None else 'not present'}")
             node = DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor)
             edits[name] = ContainerEdits(device_nodes=(node,))
             status[name] = device_status(dev)
