@@ -11,7 +11,7 @@
 {{- end }}
 
 {{/* The pod's `affinity` if set, else a required node affinity from nodeSelection: one term per rule (terms are
-     ORed), each also excluding the listed compute types. */}}
+     ORed), each also excluding the listed compute types. .d.side: "device-plugin" or (default) the DRA driver. */}}
 {{- define "accel-dra.affinity" -}}
 {{- if .d.pod.affinity -}}
 {{ toYaml .d.pod.affinity }}
@@ -21,8 +21,9 @@
 {{- if $sel.excludeComputeTypes -}}
 {{- $common = append $common (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $sel.excludeComputeTypes) -}}
 {{- end -}}
-{{- with $sel.driverLabel -}}{{- /* migration, node by node: the DRA driver runs where this label is "dra" */ -}}
-{{- $common = append $common (dict "key" . "operator" "In" "values" (list "dra")) -}}
+{{- with $sel.driverLabel -}}{{- /* migration, node by node: the DRA driver runs where this label is "dra", a
+     device plugin (.d.side "device-plugin") where it is not */ -}}
+{{- $common = append $common (dict "key" . "operator" (ternary "NotIn" "In" (eq ($.d.side | default "") "device-plugin")) "values" (list "dra")) -}}
 {{- end -}}
 {{- $terms := list -}}
 {{- if $sel.allNodes -}}

@@ -17,9 +17,10 @@ from chart_render import (
     REPO,
     SEED_DEVICE_PLUGIN_INSTALL,
     SEED_DRA_INSTALL,
-    find_or_build_helm,
     seed_as_template,
 )
+
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 #: docs/charts.md's EFA install, verbatim (the seeds install only the Neuron chart).
 DOCS_EFA_INSTALL = "helm upgrade --install aws-efa-k8s-device-plugin ./charts/aws-efa-k8s-device-plugin " \
@@ -30,11 +31,6 @@ COMMANDS = {
     "seed device plugin": seed_as_template(SEED_DEVICE_PLUGIN_INSTALL, NEURON_CHART)[1:],
     "docs EFA": shlex.split(DOCS_EFA_INSTALL)[3:],
 }
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
 
 
 def run(helm: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -55,7 +51,8 @@ def test_the_docs_efa_line_is_the_docs() -> None:
 def test_helm_prints_no_warning(helm: Path, tmp_path: Path, name: str, verb: str) -> None:
     release, chart, *flags = COMMANDS[name]
     if verb == "lint":  # lint takes the chart and the values, not a release or namespace
-        flags = [f for f, prev in zip(flags, ["", *flags]) if f.startswith("--set") or prev.startswith("--set")]
+        flags = [f for f, prev in zip(flags, ["", *flags[:-1]], strict=True)
+                 if f.startswith("--set") or prev.startswith("--set")]
         args = ["lint", chart, *flags]
     else:
         args = ["template", release, chart, *flags]
