@@ -68,8 +68,8 @@ def _describe_request(explainer: Explainer, index: int) -> str:
         amount = "all" if a.all_devices else str(a.count)
         sel = f", {len(a.selectors)} selector(s)" if a.selectors else ""
         alts.append(f"{a.name}: {amount} of class {a.class_name}{sel}" + (", admin access" if a.admin else ""))
-    cons = [c.describe() for c in explainer.constraints if c.claim == r.claim
-            and (not c.requests or r.name in c.requests)]
+    cons = [c.describe() for c in explainer.constraints
+            if any(c.covers(r.claim, r.name, a.name) for a in r.alternatives)]
     claim = explainer.claims[r.claim].label
     return f"claim {claim}: request " + " | else ".join(alts) + (f"; {'; '.join(cons)}" if cons else "")
 

@@ -1,0 +1,189 @@
+"""``explain`` without a cluster: the CEL environment DRA selectors get, and the per-node verdicts on the slices the
+real ``slices`` command prints for fake hosts (trn2.48xlarge: a 4x4 torus, rows of 4 devices; trn1.32xlarge;
+trn2u.48xlarge with the UltraServer ``neuron-node`` sharing the chips' counter). The same verdicts are checked
+against kube-scheduler in tests/e2e/test_dra_explain_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from accel_core.dra.explain import ClaimSpec, Explainer
+from accel_core.dra.explain_cel import CelRuntimeError, CelUnsupported, compile_selector, device_variable
+from accel_core.fakehost import build_host
+from efa_plugin.dra import cli as efa_cli
+from neuron_dra.dra import cli as neuron_cli
+from neuron_dra.dra.explain_hints import NEURON_EXPLAIN_HINTS
+
+DRIVER = "neuron.aws.com"
+CLASS = {"metadata": {"name": DRIVER}, "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+TRN2 = f"device.attributes['{DRIVER}'].instanceType == 'trn2.48xlarge'"
+
+
+def slices_of(tmp: Path, node: str, instance_type: str, capsys: pytest.CaptureFixture[str], **opts: Any) -> Path:
+    build_host(tmp / node, instance_type, **opts)
+    assert neuron_cli.main(["slices", "--host-root", str(tmp / node), "--node-name", node]) == 0
+    out = tmp / f"{node}.json"
+    out.write_text(capsys.readouterr().out)
+    return out
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = json.loads(path.read_text())
+    return data
+
+
+def claim(count: int | None = None, *, selectors: tuple[str, ...] = (TRN2,), constraints: Any = (),
+          first_available: Any = None, tolerations: Any = None) -> dict[str, Any]:
+    if first_available:
+        request: dict[str, Any] = {"name": "neurons", "firstAvailable": first_available}
+    else:
+        body: dict[str, Any] = {"deviceClassName": DRIVER,
+                                "selectors": [{"cel": {"expression": e}} for e in selectors]}
+        body.update({"count": count} if count else {"allocationMode": "All"})
+        if tolerations:
+            body["tolerations"] = tolerations
+        request = {"name": "neurons", "exactly": body}
+    return {"devices": {"requests": [request], "constraints": list(constraints)}}
+
+
+def verdicts(spec: dict[str, Any], slices: list[dict[str, Any]], allocated: Any = None) -> dict[str, Any]:
+    e = Explainer([ClaimSpec("c", spec)], {DRIVER: CLASS}, slices, allocated or {}, NEURON_EXPLAIN_HINTS)
+    return {n: e.explain_node(n) for n in e.nodes()}
+
+
+@pytest.fixture
+def trn2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    return slices_of(tmp_path, "t2", "trn2.48xlarge", capsys)
+
+
+# -- CEL ------------------------------------------------------------------------------------------------------------
+def test_selectors_see_what_kubernetes_gives_them(trn2: Path) -> None:
+    [published] = load(trn2)
+    dev = device_variable(DRIVER, published["spec"]["devices"][5])
+    assert compile_selector(TRN2).matches(dev)
+    assert compile_selector(f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].deviceId == 5').matches(dev)
+    # qualified names keep their domain; unqualified ones are in the driver's
+    assert compile_selector("device.attributes['resource.aws.com'].devicegroup1_id == '0000:57:00.0'").matches(dev)
+    # a domain the device lacks is an empty map (Kubernetes), so has() is false, not an error
+    assert not compile_selector("has(device.attributes['gpu.example.com'].model)").matches(dev)
+    with pytest.raises(CelRuntimeError, match="no such key: model"):
+        compile_selector(f"device.attributes['{DRIVER}'].model == 'x'").matches(dev)
+    # versions and quantities compare as values
+    assert compile_selector(f"device.attributes['{DRIVER}'].draDriverVersion.isGreaterThan(semver('0.0.9'))"
+                            ).matches(dev)
+    assert compile_selector("semver('1.0.0-rc.1').isLessThan(semver('1.0.0'))").matches(dev)
+    assert compile_selector("semver('v1.2', true) == semver('1.2.0')").matches(dev)
+    assert compile_selector("quantity('1Gi') == quantity('1024Mi') && quantity('1.5').isGreaterThan("
+                            "quantity('1500m')) == false && quantity('2k').asInteger() == 2000").matches(dev)
+    capacity = device_variable(DRIVER, {"name": "d", "capacity": {"memory": {"value": "96Gi"}}})
+    assert compile_selector(f"device.capacity['{DRIVER}'].memory.compareTo(quantity('64Gi')) > 0").matches(capacity)
+
+
+@pytest.mark.parametrize(("expression", "message"), [
+    ("device.driver.lowerAscii() == 'x'", "lowerAscii: not in explain's CEL environment"),
+    (f"cel.bind(d, device.attributes['{DRIVER}'], d.deviceId == 1)", "cel.bind is not supported"),
+    ("other.x == 1", "unknown variable other"),
+    ("device.driver ==", "does not compile"),
+])
+def test_what_explain_cannot_evaluate_is_named(expression: str, message: str) -> None:
+    with pytest.raises(CelUnsupported, match=message):
+        compile_selector(expression)
+
+
+# -- verdicts ---------------------------------------------------------------------------------------------------------
+def test_five_connected_names_the_connected_sizes(trn2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                  ) -> None:
+    trn1 = slices_of(tmp_path, "t1", "trn1.32xlarge", capsys)
+    five = tmp_path / "five.yaml"
+    five.write_text(yaml.safe_dump_all([CLASS | {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"}, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "five"},
+        "spec": {"spec": claim(5, constraints=[{"requests": ["neurons"],
+                                                "matchAttribute": "resource.aws.com/devicegroup4_id"}])}}]))
+    assert neuron_cli.main(["explain", "-f", str(five), "--slices", str(trn2), "--slices", str(trn1)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: fits on 0 of 2 node(s)" in out
+    assert "node t2: does not fit\n  - request neurons: 16 free matching devices for 5\n" in out
+    assert "no set of 5 free matching devices shares one value; the node's free devices group by value as " \
+           "4+4+4+4. Connected Neuron device sets come in sizes 1, 4, 8 and 16" in out
+    assert f"node t1: does not fit\n  - request neurons: no device matches: selector #0 of the request `{TRN2}` " \
+           "rejects 16 (neuron-device-0..15)" in out
+
+
+def test_four_connected_fits_on_a_free_torus_row(trn2: Path) -> None:
+    row = [{"requests": ["neurons"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]
+    held = {(DRIVER, "t2", f"neuron-device-{i}"): "ns/other" for i in (0, 5, 9)}
+    [v] = verdicts(claim(4, constraints=row), load(trn2), held).values()
+    assert v.fits and [d[2] for _, _, d in v.chosen] == [f"neuron-device-{i}" for i in range(12, 16)]
+    held[(DRIVER, "t2", "neuron-device-13")] = "ns/other"
+    [v] = verdicts(claim(4, constraints=row), load(trn2), held).values()
+    assert v.fits is False
+    assert any("group by value as 3+3+3+3" in r for r in v.reasons), v.reasons
+
+
+def test_prioritized_list_falls_back_to_four(trn2: Path) -> None:
+    spec = claim(first_available=[
+        {"name": "eight", "deviceClassName": DRIVER, "count": 8},
+        {"name": "four", "deviceClassName": DRIVER, "count": 4}], constraints=[
+        {"requests": ["neurons/eight"], "matchAttribute": "resource.aws.com/devicegroup8_id"},
+        {"requests": ["neurons/four"], "matchAttribute": "resource.aws.com/devicegroup4_id"}])
+    held = {(DRIVER, "t2", f"neuron-device-{i}"): "ns/other" for i in range(9)}  # rows 0, 1 and one of row 2
+    [v] = verdicts(spec, load(trn2), held).values()
+    assert v.fits and {alt for _, alt, _ in v.chosen} == {"neurons/four"}
+    assert [d[2] for _, _, d in v.chosen] == [f"neuron-device-{i}" for i in range(12, 16)]
+
+
+def test_held_tainted_and_tolerated_devices(trn2: Path) -> None:
+    slices = load(trn2)
+    dev = slices[0]["spec"]["devices"][7]
+    dev["taints"] = [{"key": f"{DRIVER}/unhealthy", "value": "UncorrectedErrors", "effect": "NoSchedule"}]
+    held = {(DRIVER, "t2", "neuron-device-2"): "team-a/train-0"}
+    [v] = verdicts(claim(None), slices, held).values()  # allocationMode All
+    assert v.fits is False
+    assert v.reasons == ["request neurons: asks for all 16 matching devices, but 1 held by claim team-a/train-0 "
+                         "(neuron-device-2); 1 tainted neuron.aws.com/unhealthy=UncorrectedErrors:NoSchedule "
+                         "(neuron-device-7)"]
+    [v] = verdicts(claim(15), slices, held).values()
+    assert v.fits is False and "only 14 of 16 matching devices are free" in v.reasons[0]
+    tolerate = [{"key": f"{DRIVER}/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]
+    [v] = verdicts(claim(15, tolerations=tolerate), slices, held).values()
+    assert v.fits and "neuron-device-7" in {d[2] for _, _, d in v.chosen}
+
+
+def test_distinct_attribute_counts_values(trn2: Path) -> None:
+    spread = [{"requests": ["neurons"], "distinctAttribute": "resource.aws.com/devicegroup4_id"}]
+    [v] = verdicts(claim(4, constraints=spread), load(trn2)).values()
+    assert v.fits and [d[2] for _, _, d in v.chosen] == [f"neuron-device-{i}" for i in (0, 4, 8, 12)]
+    [v] = verdicts(claim(5, constraints=spread), load(trn2)).values()
+    assert v.fits is False and "have 4 distinct values" in v.reasons[-1]
+
+
+def test_shared_counters_keep_the_node_device_from_a_held_chip(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    path = slices_of(tmp_path, "u0", "trn2u.48xlarge", capsys, ultraserver_id="a", ultraserver_node=0)
+    node_claim = claim(1, selectors=(f"device.attributes['{DRIVER}'].resourceType == 'neuron_node'",))
+    [v] = verdicts(node_claim, load(path)).values()
+    assert v.fits and [d[2] for _, _, d in v.chosen] == ["neuron-node"]
+    [v] = verdicts(node_claim, load(path), {(DRIVER, "u0", "neuron-device-3"): "ns/chip"}).values()
+    assert v.fits is False
+    assert "1 shared counter neuron-chips/chips used up by allocated devices (neuron-node)" in v.reasons[0], v.reasons
+
+
+def test_unsupported_selector_gives_no_verdict(trn2: Path) -> None:
+    [v] = verdicts(claim(1, selectors=("device.driver.lowerAscii() == 'neuron.aws.com'",)), load(trn2)).values()
+    assert v.fits is None and "lowerAscii" in v.reasons[0]
+
+
+# -- command line -----------------------------------------------------------------------------------------------------
+def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert efa_cli.main(["explain"]) == 2
+    assert "efa-dra-driver explain: error: a target" in capsys.readouterr().err
+    assert neuron_cli.main(["explain", "deployment/x"]) == 1
+    assert "target 'deployment/x': expected pod/NAME" in capsys.readouterr().err
+    missing = tmp_path / "nope.yaml"
+    assert neuron_cli.main(["explain", "-f", str(missing)]) == 1
+    assert f"{missing}: [Errno 2]" in capsys.readouterr().err
