@@ -54,15 +54,19 @@ protos: setup
 # Unit and component tests run on three workers (pytest-xdist) that steal work from each other: many tests wait on
 # daemons they started, so a third worker fills the waits of two cores, and work stealing keeps the few long tests
 # from ending the run on one worker (2 cores: -n 2 60-62 s, -n 3 --dist worksteal 42-51 s). e2e tests start
-# control planes and kubelets and run one at a time.
+# control planes and kubelets and run one at a time; those that only run a tool built from Go (marker gotools: helm
+# template, cdicheck) run on the workers. The dev rig's own tests are in tests/rig/{unit,component,e2e}.
 XDIST ?= -n 3 --dist worksteal
+UNIT_TESTS := tests/unit tests/component tests/rig/unit tests/rig/component
+E2E_TESTS  := tests/e2e tests/rig/e2e
 
 unit: setup
-	$(BIN)/pytest $(XDIST) tests/unit tests/component
+	$(BIN)/pytest $(XDIST) $(UNIT_TESTS)
 
 test: setup kube cdicheck image lint typecheck
-	$(BIN)/pytest $(XDIST) tests/unit tests/component
-	$(BIN)/pytest tests/e2e
+	$(BIN)/pytest $(XDIST) $(UNIT_TESTS)
+	$(BIN)/pytest $(XDIST) -m gotools $(E2E_TESTS)
+	$(BIN)/pytest -m "not gotools" $(E2E_TESTS)
 
 bench: setup kube
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

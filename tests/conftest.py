@@ -14,6 +14,9 @@ import hostcache
 import pytest
 from hypothesis import settings
 
+#: The real-Kubernetes fixtures (control plane, kubelet nodes, daemons) for tests/e2e and tests/rig/e2e.
+pytest_plugins = ["kube_fixtures"]
+
 # Hypothesis' per-example deadline is a timed assertion: on a shared 2-core machine under load it fails examples that
 # are correct but slow (observed: 407 ms against the default 200 ms at load 13). Timing lives in bench/, so no test
 # here has a deadline; the examples themselves still run in full.

@@ -1,4 +1,5 @@
-"""Fixtures for end-to-end tests against the real Kubernetes control plane on 127.0.0.1.
+"""Fixtures for end-to-end tests against the real Kubernetes control plane on 127.0.0.1: a plugin that
+tests/conftest.py loads, so the product's e2e tests (tests/e2e) and the rig's own (tests/rig/e2e) share them.
 
 - ``kube_binaries`` (session): the binaries directory.
 - ``control_plane`` (session): etcd + kube-apiserver + kube-scheduler + kube-controller-manager.
@@ -73,10 +74,6 @@ def _runtime_gate(items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(reason="needs the containerd runtime: missing " + "; ".join(missing))
     for item in wanted:
         item.add_marker(skip)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "containerd: runs real containers (containerd + runc, make image)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -322,7 +319,7 @@ class Daemon:
         return _tail_text(self.log, lines)
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def console_script(name: str) -> list[str]:

@@ -25,7 +25,7 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceSlice
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUSYBOX = "example.local/busybox:1.35"
 #: What every workload container prints: its device nodes, then its environment, then it waits to be deleted.
 SHOW = "ls -l /dev/infiniband /dev/neuron* 2>&1; echo ---env; env | sort; echo ---end; exec sleep 3600"

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from accel_core.dra.cdi import CdiError, CdiSpecWriter
 from accel_core.edits import ContainerEdits, DeviceNode, Mount
 
+pytestmark = pytest.mark.gotools  # tools/cdicheck, built from Go
+
 # pkg/cdi wants a letter or digit at both ends: see test_a_name_ending_in_punctuation_is_refused_by_the_writer.
 _names = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9_.:-]{0,19}[A-Za-z0-9])?", fullmatch=True)
 _paths = st.from_regex(r"/[a-z0-9/_.-]{1,30}", fullmatch=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_render import EFA_CHART, NEURON_CHART, Rendered, RenderError, container, env_of, find_or_build_helm, template
+from chart_render import EFA_CHART, NEURON_CHART, Rendered, RenderError, container, env_of, template
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
@@ -27,9 +27,7 @@ CHARTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 
 def webhook_objects(r: Rendered, name: str) -> dict[str, dict[str, Any]]:

@@ -20,7 +20,6 @@ from chart_render import (
     Rendered,
     container,
     env_of,
-    find_or_build_helm,
     mounts_of,
     parse,
     run_helm,
@@ -32,9 +31,7 @@ LIBRARY = REPO / "charts" / "accel-dra-lib"
 DRA_ON = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true")
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 
 def objects(r: Rendered) -> set[tuple[str, str | None, str]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chart_render import EFA_CHART, NEURON_CHART, RenderError, container, env_of, find_or_build_helm, run_helm, template
+from chart_render import EFA_CHART, NEURON_CHART, RenderError, container, env_of, run_helm, template
 
 from efa_plugin import cli as efa_cli
 
@@ -22,9 +22,7 @@ DAEMONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 
 @pytest.mark.parametrize(("chart", "flags", "ds", "prefix"), DAEMONS)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_render import NEURON_CHART, Rendered, RenderError, container, env_of, find_or_build_helm, template
+from chart_render import NEURON_CHART, Rendered, RenderError, container, env_of, template
 
 from neuron_dra.usage_annotation import USAGE_ANNOTATION
 
@@ -15,9 +15,7 @@ NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from chart_render import NEURON_CHART, RenderError, container, env_of, find_or_build_helm, template
+from chart_render import NEURON_CHART, RenderError, container, env_of, template
 from cryptography import x509
 
 EXTENDER = "neuron-scheduler-extender"
 NOT_BEFORE, NOT_AFTER = "neuron.amazonaws.com/tls-not-before", "neuron.amazonaws.com/tls-not-after"
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 
 def test_more_than_one_extender_replica_is_refused(helm: Path) -> None:

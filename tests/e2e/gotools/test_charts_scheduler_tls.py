@@ -20,16 +20,14 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from chart_render import NEURON_CHART, Rendered, RenderError, container, env_of, find_or_build_helm, template
+from chart_render import NEURON_CHART, Rendered, RenderError, container, env_of, template
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 EXTENDER = "neuron-scheduler-extender"
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
+pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 
 
 @pytest.fixture(scope="module")

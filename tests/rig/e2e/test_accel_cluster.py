@@ -22,7 +22,7 @@ from accel_rig.kubeletconfig import KUBELET_SYSCTLS
 from lightkube import Client, KubeConfig, codecs
 from lightkube.resources.core_v1 import Node, Pod, ServiceAccount
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def cluster(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -27,7 +27,7 @@ from accel_rig.containerdnode import FAKE_HOST_IN_NODE
 from accel_rig.controlplane import ControlPlane
 from accel_rig.nodelayout import CONTAINERD
 from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL
-from conftest import RealNode
+from kube_fixtures import RealNode
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Service
 from runtime_helpers import BUSYBOX, Helm, allocatable, applied, chart_image, ds_ready, pods_of, running_1_of_1

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from accel_rig.clusterdns import DNS_IP
 from accel_rig.nodelayout import CONTAINERD
-from conftest import RealNode
+from kube_fixtures import RealNode
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Service
 

@@ -13,7 +13,7 @@ from hostcache import shared_host
 
 from accel_core.awsfacts import catalog
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_trn2_topology_table_has_16_rows_from_the_published_slices() -> None:
