@@ -2,7 +2,8 @@
 # One image for every daemon of aws-accel-agents: efa-device-plugin, efa-dra-driver, neuron-device-plugin,
 # neuron-dra-driver, neuron-scheduler-extender (and the read-only inspection commands). The Helm charts pick the
 # daemon with `command:`. The dev-only code (accel_core/fakehost, rig/accel_rig) is left out by .dockerignore:
-# no daemon needs it.
+# no daemon needs it. Accelerators of other distributions: each directory under accelerators/ of the build context
+# that holds a pyproject.toml is installed beside the project (accelerators/README.md); nothing here names them.
 #
 #   make image                                   # no registry: buildah, FROM a Debian bookworm + python3.11 base made
 #                                                # by mmdebstrap (scripts/build-images.sh); OCI archive in dist/image/
@@ -26,17 +27,20 @@ COPY pyproject.toml README.md ./
 COPY accel_core ./accel_core
 COPY efa_plugin ./efa_plugin
 COPY neuron_dra ./neuron_dra
+COPY accelerators/ ./accelerators/
 # pip: the venv's own where the base has ensurepip (python:*-slim), else the pip wheel of the wheelhouse run as a
 # zip (a Debian python3 has neither ensurepip nor pip, by design). The project itself is built from this source
-# (PIP_ONLY_BINARY covers its dependencies; the project is a local directory). Then pip, setuptools and the
-# fake-sysfs console script go: its module is not in the image.
+# (PIP_ONLY_BINARY covers its dependencies; the project is a local directory), and so is every accelerator
+# distribution under accelerators/. Then pip, setuptools and the fake-sysfs console script go: its module is not in
+# the image.
 # hadolint ignore=SC2086
 RUN if python3 -c "import ensurepip" 2>/dev/null; then \
         python3 -m venv /opt/venv && pip="/opt/venv/bin/python -m pip"; \
     else \
         python3 -m venv --without-pip /opt/venv && pip="/opt/venv/bin/python $(echo /wheelhouse/pip-*.whl)/pip"; \
     fi \
-    && $pip install --no-compile . \
+    && extra="" && for d in accelerators/*/; do if [ -f "$d/pyproject.toml" ]; then extra="$extra ./$d"; fi; done \
+    && $pip install --no-compile . $extra \
     && /opt/venv/bin/python -m compileall -q -j 0 /opt/venv/lib \
     && rm -rf /opt/venv/bin/pip* /opt/venv/lib/python3*/site-packages/pip /opt/venv/lib/python3*/site-packages/pip-* \
         /opt/venv/lib/python3*/site-packages/setuptools* /opt/venv/lib/python3*/site-packages/_distutils_hack \
@@ -53,13 +57,13 @@ ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2
-# The build fails if a daemon's console script or libudev (pyudev's udev monitor) is missing.
+# The build fails if libudev (pyudev's udev monitor) or the console script of a daemon any installed accelerator
+# declares (accel_core.registry) is missing.
 RUN python3 -c "import pyudev; pyudev.Context()" \
-    && efa-device-plugin --help >/dev/null \
-    && efa-dra-driver --help >/dev/null \
-    && neuron-device-plugin --help >/dev/null \
-    && neuron-dra-driver --help >/dev/null \
-    && neuron-scheduler-extender --help >/dev/null
+    && daemons=$(python3 -c "from accel_core.registry import accelerators; \
+print(*(d.script for a in accelerators() for d in a.daemons))") \
+    && test -n "$daemons" \
+    && for d in $daemons; do echo "$d --help"; "$d" --help >/dev/null || exit 1; done
 LABEL org.opencontainers.image.title="aws-accel-agents" \
       org.opencontainers.image.description="Kubernetes node agents for AWS accelerators: EFA and Neuron device plugins and DRA drivers" \
       org.opencontainers.image.licenses="Apache-2.0"

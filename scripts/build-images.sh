@@ -12,6 +12,9 @@
 # listing of what is inside; the project image and its listing are also copied to dist/image/.
 #
 # Usage: scripts/build-images.sh [--print-dir]
+#        scripts/build-images.sh --accelerator DIR [--accelerator DIR...] --name IMAGE
+#            the project image with the accelerator distributions DIR... in its build context's accelerators/ (the
+#            Dockerfile installs each), named IMAGE; cached apart ($CACHE/app+<IMAGE>-current), not copied to dist/
 # Env:   DEBIAN_SUITE (bookworm)  DEBIAN_MIRROR (http://deb.debian.org/debian)  PYTHON (the venv's python)
 #        ACCEL_IMAGE_CACHE (default: ${XDG_CACHE_HOME:-~/.cache}/aws-accel-agents/images)
 # The base is cached by suite and package set; the project image by the hash of what the build reads.
@@ -32,6 +35,17 @@ APP_NAME="$APP_REPO:$APP_VERSION"
 
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$CACHE"; exit 0; fi
 die() { echo "build-images: $*" >&2; exit 1; }
+EXTRA=()   # accelerator distributions (directories) for a variant image
+VARIANT=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --accelerator) [[ -f "${2:-}/pyproject.toml" ]] || die "--accelerator ${2:-}: no pyproject.toml there"
+                   EXTRA+=("$(cd "$2" && pwd)"); shift 2 ;;
+    --name) [[ -n "${2:-}" ]] || die "--name needs an image name"; APP_NAME=$2; VARIANT="+${2//[\/:]/_}"; shift 2 ;;
+    *) die "unknown argument $1 (see the usage at the top)" ;;
+  esac
+done
+[[ ${#EXTRA[@]} -eq 0 || -n "$VARIANT" ]] || die "--accelerator needs --name: the image is not the charts' default"
 [[ -x "$PYTHON" ]] || die "$PYTHON not found; run make setup first"
 
 RUNTIME=$("$HERE/build-runtime.sh" --print-dir)
@@ -121,9 +135,15 @@ buildah() {
   PATH="$DEBROOT/usr/bin:$DEBROOT/usr/sbin:$PATH" "$DEBROOT/usr/bin/buildah" "$@"
 }
 
+# The files of an accelerator distribution (NUL-separated, relative): its source, not caches or build outputs.
+extra_files() { (cd "$1" && find . \( -name '.?*' -o -name __pycache__ -o -name '*.egg-info' -o -name build -o -name dist \
+  -o -name charts \) \
+  -prune -o -type f -print0 | sort -z); }
 app_key=$( (cd "$REPO" && git ls-files -z -- Dockerfile .dockerignore pyproject.toml README.md accel_core efa_plugin \
-    neuron_dra | xargs -0 sha256sum; echo "$base_key") | sha256sum | cut -c1-16)
-APP_DIR="$CACHE/app-$app_key"
+    neuron_dra accelerators | xargs -0 sha256sum
+    for d in "${EXTRA[@]}"; do extra_files "$d" | (cd "$d" && xargs -0 sha256sum); done
+    echo "$base_key $APP_NAME") | sha256sum | cut -c1-16)
+APP_DIR="$CACHE/app$VARIANT-$app_key"
 if [[ ! -f "$APP_DIR/image.oci.tar" ]]; then
   echo "build-images: building $APP_NAME from the Dockerfile (buildah, FROM $BASE_NAME)"
   rm -rf "$APP_DIR"; mkdir -p "$APP_DIR"
@@ -131,11 +151,21 @@ if [[ ! -f "$APP_DIR/image.oci.tar" ]]; then
   # The context: the files the Dockerfile copies (no caches) and a wheelhouse of every wheel the install needs.
   ctx="$APP_DIR/context"; mkdir -p "$ctx/wheelhouse"
   (cd "$REPO" && tar -cf - --exclude=__pycache__ Dockerfile .dockerignore pyproject.toml README.md accel_core efa_plugin \
-      neuron_dra wheelhouse) | tar -xf - -C "$ctx"
+      neuron_dra accelerators wheelhouse) | tar -xf - -C "$ctx"
+  locals=("$ctx")  # what pip builds here rather than takes from the wheelhouse: the project and the accelerators
+  for d in "${EXTRA[@]}"; do
+    mkdir -p "$ctx/accelerators/${d##*/}"
+    extra_files "$d" | tar -C "$d" -cf - --null -T - | tar -xf - -C "$ctx/accelerators/${d##*/}"
+    locals+=("$ctx/accelerators/${d##*/}")
+  done
   "$PYTHON" -m pip download --quiet --dest "$ctx/wheelhouse" pip 'setuptools>=68' wheel >"$CACHE/log/wheelhouse.log" 2>&1 \
-    && "$PYTHON" -m pip wheel --quiet --wheel-dir "$ctx/wheelhouse" "$ctx" >>"$CACHE/log/wheelhouse.log" 2>&1 \
+    && "$PYTHON" -m pip wheel --quiet --wheel-dir "$ctx/wheelhouse" "${locals[@]}" >>"$CACHE/log/wheelhouse.log" 2>&1 \
     || { tail -n 20 "$CACHE/log/wheelhouse.log" >&2; die "pip could not fill the wheelhouse"; }
-  rm -f "$ctx"/wheelhouse/aws_accel_agents-*.whl
+  for d in "${locals[@]}"; do  # their own wheels go: the build makes them from the copied source
+    name=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["name"])' \
+      "$d/pyproject.toml")
+    rm -f "$ctx/wheelhouse/$(echo "$name" | tr '.-' '__')"-*.whl
+  done
   buildah pull --signature-policy "$BUILDAH_DIR/policy.json" "oci-archive:$BASE_DIR/base.oci.tar" \
     >"$CACHE/log/buildah-pull.log" 2>&1 || { tail "$CACHE/log/buildah-pull.log" >&2; die "buildah pull failed"; }
   if ! buildah bud --pull=never --network=none --isolation=oci --layers=false \
@@ -165,11 +195,15 @@ if [[ ! -f "$APP_DIR/image.oci.tar" ]]; then
   rm -rf "$ctx"
   echo "build-images: $APP_NAME built in $(( $(date +%s) - t0 ))s"
 fi
-ln -sfn "$APP_DIR" "$CACHE/app-current"
-# Older builds of the project image are not kept (each is an archive of ~55 MB).
-for old in "$CACHE"/app-*; do
-  [[ "$old" == "$APP_DIR" || "$old" == "$CACHE/app-current" ]] || rm -rf "$old"
+ln -sfn "$APP_DIR" "$CACHE/app$VARIANT-current"
+# Older builds of the same image are not kept (each is an archive of ~55 MB).
+for old in "$CACHE/app$VARIANT"-*; do
+  [[ "$old" == "$APP_DIR" || "$old" == "$CACHE/app$VARIANT-current" ]] || rm -rf "$old"
 done
+if [[ -n "$VARIANT" ]]; then
+  echo "build-images: done in $(( $(date +%s) - start ))s: $APP_NAME ($CACHE/app$VARIANT-current/image.oci.tar)"
+  exit 0
+fi
 ln -sfn "$BASE_DIR" "$CACHE/base-current"
 mkdir -p "$REPO/dist/image"
 cp "$APP_DIR/image.oci.tar" "$REPO/dist/image/aws-accel-agents-$APP_VERSION.oci.tar"

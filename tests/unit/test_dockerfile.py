@@ -65,8 +65,32 @@ def test_final_stage_copies_only_the_virtual_environment() -> None:
     text = " ".join(final)
     for tool in ("apt-get", "gcc", "build-essential", "setup.py", "pip "):
         assert tool not in text, f"{tool} in the final stage"
-    for daemon in ALL_SCRIPTS:
-        assert f"{daemon} --help" in text, f"the build does not check the {daemon} console script"
+    assert '"$d" --help' in text and 'test -n "$daemons"' in text, "the build does not run the daemons' --help"
+
+
+def test_final_stage_checks_the_daemons_of_every_installed_accelerator() -> None:
+    """The final stage asks the registry which daemons the installed accelerators declare (no list to edit for a new
+    one): its snippet, run here, names every daemon of every accelerator installed in this venv, other
+    distributions' too."""
+    (snippet,) = re.findall(r'daemons=\$\(python3 -c "([^"]*)"\)', " ".join(stages()[-1]))
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60, check=True)
+    installed = {d.script for acc in accelerators() for d in acc.daemons}
+    assert set(proc.stdout.split()) == installed and set(ALL_SCRIPTS) < installed, proc.stdout
+
+
+def test_build_stage_installs_every_accelerator_directory(tmp_path: Path) -> None:
+    """Every directory under accelerators/ with a pyproject.toml, and nothing else, goes to pip beside the project."""
+    (loop,) = [part.strip() for line in stages()[1] if line.startswith("RUN ")
+               for part in line.split(" && ") if "accelerators/*/" in part]
+    for name in ("one", "two", "notes"):
+        (tmp_path / "accelerators" / name).mkdir(parents=True)
+    for name in ("one", "two"):
+        (tmp_path / "accelerators" / name / "pyproject.toml").write_text("")
+    proc = subprocess.run(["sh", "-c", f'extra="" && {loop} && echo $extra'], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30, check=True)
+    assert proc.stdout.split() == ["./accelerators/one/", "./accelerators/two/"]
+    assert "install --no-compile . $extra" in " ".join(stages()[1])
+    assert (REPO / "accelerators" / "README.md").is_file(), "the directory the build context must have"
 
 
 def test_build_stage_leaves_no_pip_and_no_dev_console_scripts_in_the_venv() -> None:
