@@ -1,7 +1,8 @@
 """NeuronCores as DRA devices (``--core-devices on``, chart ``draDriver.coreDevices.enabled``) without a cluster:
-the published pool (counters, devices, attributes, slice limits), the container edits a core claim gets, and the
-chart's DeviceClasses. The scheduler's side (a chip never split between a whole-chip and a core claim) is proven on
-the real kube-scheduler in tests/e2e/test_neuron_core_devices_e2e.py.
+the published pool (counters, devices, attributes, slice limits) and the container edits a core claim gets (the
+chart's DeviceClasses: tests/e2e/gotools/test_charts_neuron_core_devices.py). The scheduler's side (a chip never
+split between a whole-chip and a core claim) is proven on the real kube-scheduler in
+tests/e2e/test_neuron_core_devices_e2e.py.
 
 Outside facts used: a Trainium2 chip has 8 physical NeuronCores; at LNC 2 (the default) the runtime sees 4
 logical cores per chip, at LNC 1 8 (neuron.md 1.1, 2.4); Trainium1 has 2 and no LNC; trn2.48xlarge has 16 chips
@@ -13,11 +14,9 @@ per device, 64 devices per slice once a device consumes counters, and a slice ho
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_render import NEURON_CHART, find_or_build_helm, template
 from hostcache import shared_host
 
 from accel_core.dra.publisher import build_slices
@@ -200,44 +199,3 @@ def test_core_device_names_parse_strictly() -> None:
     for name in ("neuron-device-3", "neuron-device-03-core-1", "neuron-device-3-core-", "neuron-device-3-core-x",
                  "neuron-node", "neuron-device-3-core-1-core-2"):
         assert cores.parse_core_device(name) is None, name
-
-
-# -- the chart -------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return find_or_build_helm()
-
-
-def classes(helm: Path, *flags: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    out = template(helm, NEURON_CHART, "--set", "draDriver.enabled=true", "--set", "devicePlugin.enabled=false",
-                   "--set", "npd.enabled=false", *flags)
-    docs = out.docs
-    klasses = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
-    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    return klasses, ds["spec"]["template"]["spec"]["containers"][0]["env"]
-
-
-def test_chart_off_by_default_keeps_todays_class(helm: Path) -> None:
-    klasses, env = classes(helm)
-    assert klasses == {"neuron.aws.com": {"selectors": [{"cel": {"expression": cores.PLAIN_CLASS_SELECTOR}}]}}
-    assert "CORE_DEVICES" not in {e["name"] for e in env}
-
-
-def test_chart_on_adds_neuroncore_class_and_keeps_cores_out_of_neuron_class(helm: Path) -> None:
-    klasses, env = classes(helm, "--set", "draDriver.coreDevices.enabled=true", "--set",
-                           "draDriver.extendedResource=true", "--set", "draDriver.extraEnv[0].name=X",
-                           "--set", "draDriver.extraEnv[0].value=y")
-    assert klasses == {
-        "neuron.aws.com": {"extendedResourceName": "aws.amazon.com/neuron",
-                           "selectors": [{"cel": {"expression": cores.CHIP_CLASS_SELECTOR}}]},
-        "neuroncore.aws.com": {"extendedResourceName": "aws.amazon.com/neuroncore",
-                               "selectors": [{"cel": {"expression": cores.CORE_CLASS_SELECTOR}}]}}
-    assert [e for e in env if e["name"] in ("CORE_DEVICES", "X")] == [{"name": "X", "value": "y"},
-                                                                      {"name": "CORE_DEVICES", "value": "on"}]
-
-
-def test_chart_schema_refuses_a_misspelt_core_devices_key(helm: Path) -> None:
-    from chart_render import RenderError
-
-    with pytest.raises(RenderError, match="additional properties 'enable' not allowed"):
-        classes(helm, "--set", "draDriver.coreDevices.enable=true")
