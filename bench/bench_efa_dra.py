@@ -37,7 +37,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
-from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.claims import ClaimReader
 from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_config
 from accel_core.dra.pluginserver import DraPlugin
 from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
@@ -90,10 +90,10 @@ async def bench_prepare(cp: ControlPlane, root: Path, iterations: int) -> None:
     store = ClaimStore(paths.plugins_data_dir / DRIVER / "checkpoint.json", read_boot_id(paths.host_root))
     store.load()
     direct = DirectClaimGet.from_config(kube_config(str(cp.admin_kubeconfig)), keepalive=API_KEEPALIVE_SECONDS)
-    driver = DraDriver(profile, node_name=NODE, reader=ApiClaimReader(client, direct),
-                       cdi=CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS), store=store,
-                       inventory=lambda: scan.inventory)
-    plugin = DraPlugin(driver, paths)
+    assert direct is not None
+    driver = DraDriver(profile, node_name=NODE, cdi=CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS),
+                       store=store, inventory=scan.inventory)
+    plugin = DraPlugin(driver, paths, claims=ClaimReader(direct))
     paths.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
     await plugin.start()
     conn = await KubeletStandIn(paths.kubelet_root).register_dra(DRIVER)

@@ -40,7 +40,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
-from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.claims import ClaimReader
 from accel_core.dra.cli import API_KEEPALIVE_SECONDS, kube_config
 from accel_core.dra.pluginserver import DraPlugin
 from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
@@ -74,16 +74,19 @@ def claim_dict(uid: str, name: str) -> dict[str, Any]:
 
 
 class DictReader:
-    """Claims already decoded (as lightkube returns them), so the local figures leave the API read out."""
+    """Claims already decoded (as the claim GET returns them), so the local figures leave the API read out."""
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], ResourceClaim] = {}
 
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
+    def get(self, namespace: str, name: str) -> ResourceClaim | None:
         return self.claims.get((namespace, name))
 
+    def close(self) -> None:
+        pass
 
-def make_driver(root: Path, reader: Any) -> tuple[DraDriver, HostPaths]:
+
+def make_driver(root: Path) -> tuple[DraDriver, HostPaths]:
     paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
                       device_plugins=root / "kubelet" / "device-plugins")
     if not paths.host_root.exists():
@@ -91,23 +94,22 @@ def make_driver(root: Path, reader: Any) -> tuple[DraDriver, HostPaths]:
     inv = discover(paths)
     store = ClaimStore(paths.plugins_data_dir / DRIVER / "checkpoint.json", read_boot_id(paths.host_root))
     store.load()
-    driver = DraDriver(NeuronProfile(), node_name=NODE, reader=reader,
-                       cdi=CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS), store=store,
-                       inventory=lambda: inv)
+    cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
+    driver = DraDriver(NeuronProfile(), node_name=NODE, cdi=cdi, store=store, inventory=inv)
     return driver, paths
 
 
 async def bench_local(root: Path, iterations: int) -> list[float]:
     reader = DictReader()
-    driver, _ = make_driver(root, reader)
+    driver, paths = make_driver(root)
+    plugin = DraPlugin(driver, paths, claims=ClaimReader(reader))
     reader.claims[("bench", "c")] = msgspec.convert(claim_dict("uid-local", "c"), ResourceClaim)
     ref = ClaimRef("bench", "uid-local", "c")
-    loop = asyncio.get_running_loop()
 
     def one() -> float:  # production's calls, from a worker thread as the DRA server makes them
-        driver.prepare_blocking([ref], loop, prefetched=driver.prefetch_blocking([ref], loop))
+        plugin.prepare([ref])
         seconds = driver.last_local_seconds
-        driver.unprepare_blocking([ref])
+        plugin.unprepare([ref])
         return seconds
 
     return [await asyncio.to_thread(one) for _ in range(iterations)]
@@ -136,14 +138,15 @@ async def bench_api_and_socket(cp: ControlPlane, root: Path, iterations: int) ->
     uid = claim["metadata"]["uid"]
     client = AsyncClient(KubeConfig.from_file(cp.admin_kubeconfig))
     direct = DirectClaimGet.from_config(kube_config(str(cp.admin_kubeconfig)), keepalive=API_KEEPALIVE_SECONDS)
-    reader = ApiClaimReader(client, direct)
-    driver, paths = make_driver(root, reader)
-    await reader.read("default", "bench-16")  # connection warm-up
+    assert direct is not None
+    reader = ClaimReader(direct)
+    driver, paths = make_driver(root)
+    await asyncio.to_thread(reader.read, "default", "bench-16")  # connection warm-up
     reads = []
     for _ in range(iterations):
-        await reader.read("default", "bench-16")
+        await asyncio.to_thread(reader.read, "default", "bench-16")
         reads.append(reader.last_seconds)
-    plugin = DraPlugin(driver, paths)
+    plugin = DraPlugin(driver, paths, claims=reader)
     standin = KubeletStandIn(paths.kubelet_root)
     paths.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
     await plugin.start()

@@ -67,18 +67,19 @@ class NodeDevices:
         return [s.to_dict() for s in build_slices(self.driver, node, self.devices, counters=self.counters)]
 
 
-def scan_devices(instance_type: str, *, efa: bool) -> list[NodeDevices]:
-    """Our drivers' devices for a node of ``instance_type`` (Neuron if it has any, EFA when ``efa``)."""
-    return scan_devices_and_labels(instance_type, efa=efa)[0]
+def scan_devices(instance_type: str, *, efa: bool, core_devices: str = "off") -> list[NodeDevices]:
+    """Our drivers' devices for a node of ``instance_type`` (Neuron if it has any, EFA when ``efa``; Neuron core
+    devices as ``--core-devices`` says)."""
+    return scan_devices_and_labels(instance_type, efa=efa, core_devices=core_devices)[0]
 
 
-def scan_devices_and_labels(instance_type: str, *, efa: bool, **host_options: Any
+def scan_devices_and_labels(instance_type: str, *, efa: bool, core_devices: str = "off", **host_options: Any
                             ) -> tuple[list[NodeDevices], dict[str, str]]:
     """:func:`scan_devices` of a fake host built with ``host_options``, and the node labels the drivers set."""
     with tempfile.TemporaryDirectory(prefix="fleet-host-") as tmp:
         host = build_host(Path(tmp) / "host", instance_type, efa=efa, **host_options)
         paths = HostPaths(host_root=host.root)
-        profiles: list[DraProfile[Any, Any]] = [NeuronProfile()]
+        profiles: list[DraProfile[Any, Any]] = [NeuronProfile(core_devices=core_devices)]
         if efa:
             profiles.append(EfaProfile())
         out, labels = [], {}
@@ -196,15 +197,15 @@ class Fleet:
     """The devices and UltraServer labels of node ``index`` of a fleet of one instance type. Every node of a plain
     type has the same devices (scanned once); see :class:`UltraServerFleet`."""
 
-    def __init__(self, instance_type: str, *, efa: bool) -> None:
-        self._kinds = scan_devices(instance_type, efa=efa)
+    def __init__(self, instance_type: str, *, efa: bool, core_devices: str = "off") -> None:
+        self._kinds = scan_devices(instance_type, efa=efa, core_devices=core_devices)
 
     @staticmethod
-    def of(instance_type: str, *, efa: bool) -> Fleet:
+    def of(instance_type: str, *, efa: bool, core_devices: str = "off") -> Fleet:
         """The fleet of ``instance_type``: in UltraServers where the catalog says its nodes form them."""
         neuron = catalog.get(instance_type).neuron
         cls = UltraServerFleet if neuron is not None and neuron.ultraserver else Fleet
-        return cls(instance_type, efa=efa)
+        return cls(instance_type, efa=efa, core_devices=core_devices)
 
     @property
     def drivers(self) -> list[str]:
@@ -230,9 +231,9 @@ class UltraServerFleet(Fleet):
 
     TEMPLATE = "us-template"
 
-    def __init__(self, instance_type: str, *, efa: bool) -> None:
-        self._positions = [scan_devices_and_labels(instance_type, efa=efa, ultraserver_id=self.TEMPLATE,
-                                                   ultraserver_node=node)
+    def __init__(self, instance_type: str, *, efa: bool, core_devices: str = "off") -> None:
+        self._positions = [scan_devices_and_labels(instance_type, efa=efa, core_devices=core_devices,
+                                                   ultraserver_id=self.TEMPLATE, ultraserver_node=node)
                            for node in range(ultraserver.NODES_PER_ULTRASERVER)]
 
     def _ids(self, index: int) -> dict[str, str]:

@@ -106,7 +106,7 @@ class StaleClaimCleaner:
                                                 Staleness(REASON_INVALID, invalid)))
                 continue
             try:
-                claim = await self.reader.read(entry.namespace, entry.name)
+                claim = await asyncio.to_thread(self.reader.read, entry.namespace, entry.name)
             except ClaimError as exc:
                 log.warning("stale claim cleanup: cannot read claims, retrying at the next interval",
                             extra=kv(claim=entry.describe(), error=exc))

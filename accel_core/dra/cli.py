@@ -52,7 +52,8 @@ from accel_core.cli import (
     uid,
 )
 from accel_core.daemon import catch_stop_signals, run_daemon
-from accel_core.dra.claimget import PROXY_ENV, DirectClaimGet
+from accel_core.dra.claimget import PROXY_ENV
+from accel_core.dra.claims import ClaimGet, claim_get_for
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
 from accel_core.dra.daemon import (
     DEFAULT_HEALTH_POLL_INTERVAL,
@@ -60,6 +61,7 @@ from accel_core.dra.daemon import (
     DEFAULT_MIN_SLICE_WRITE_INTERVAL,
     DEFAULT_RESCAN_INTERVAL,
     DraService,
+    ServiceSettings,
     dra_driver_version,
 )
 from accel_core.dra.pluginserver import instance_lock_path
@@ -291,36 +293,34 @@ class DriverCli:
                                                                                         error=exc))
             return 2
 
+        settings = ServiceSettings(
+            node_name=args.node_name, pod_uid=args.pod_uid, healthcheck_port=args.healthcheck_port,
+            rescan_interval=args.rescan_interval, health_poll_interval=args.health_poll_interval,
+            cleanup_interval=args.cleanup_interval, remove_slices_on_exit=args.remove_slices_on_exit,
+            device_status=args.device_status == "on", taint_effect=args.unhealthy_taint_effect,
+            noexecute_after=args.noexecute_after, min_slice_write_interval=args.min_slice_write_interval,
+            registration_wait=args.registration_wait,
+            daemonset=(args.pod_namespace, args.daemonset_name) if args.pod_namespace and args.daemonset_name else None)
+
         async def main(stop: asyncio.Event) -> None:
             client: AsyncClient | None = None
-            claim_get: DirectClaimGet | None = None
+            claims: ClaimGet | None = None
             if config is not None:
                 try:
                     client = kube_client(config, self.prog)
-                    claim_get = DirectClaimGet.from_config(config, keepalive=API_KEEPALIVE_SECONDS)
+                    claims = claim_get_for(config, keepalive=API_KEEPALIVE_SECONDS, field_manager=self.prog)
                 except (ConfigError, OSError, ValueError) as exc:
                     log.error("no usable API server configuration", extra=kv(error=exc))
                     client = None
-            service = DraService(profile, paths, node_name=args.node_name, client=client, claim_get=claim_get,
-                                 pod_uid=args.pod_uid,
-                                 healthcheck_port=args.healthcheck_port, rescan_interval=args.rescan_interval,
-                                 health_poll_interval=args.health_poll_interval,
-                                 cleanup_interval=args.cleanup_interval,
-                                 remove_slices_on_exit=args.remove_slices_on_exit,
-                                 device_status=args.device_status == "on",
-                                 taint_effect=args.unhealthy_taint_effect, registry=registry,
-                                 noexecute_after=args.noexecute_after,
-                                 min_slice_write_interval=args.min_slice_write_interval,
-                                 instance_lock=instance, registration_wait=args.registration_wait,
-                                 daemonset=((args.pod_namespace, args.daemonset_name)
-                                            if args.pod_namespace and args.daemonset_name else None))
+            service = DraService(profile, paths, settings, client=client, claims=claims, registry=registry,
+                                 instance_lock=instance)
             try:
                 await service.run(stop)
             finally:
                 if client is not None:
                     await client.close()
-                if claim_get is not None:
-                    claim_get.close()
+                if claims is not None:
+                    claims.close()
 
         return run_daemon(main, self.prog, serves_grpc=True)
 

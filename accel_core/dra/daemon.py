@@ -22,30 +22,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lightkube import AsyncClient
-from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
 from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import read_boot_id
-from accel_core.dra.claimget import DirectClaimGet
-from accel_core.dra.claims import ApiClaimReader, ClaimReader
+from accel_core.dra.claimreport import ClaimProblem
+from accel_core.dra.claims import ClaimGet, ClaimReader, NoApiClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.nodelabels import NODE_LABELS_WAIT_S, NodeLabelWatch, with_attributes
 from accel_core.dra.pluginserver import DraPlugin
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
+from accel_core.dra.preparation import CDI_CLASS, DraDriver, HealthBook, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile, Scan
 from accel_core.dra.publisher import SlicePublisher
 from accel_core.dra.reporter import ClaimReporter
-from accel_core.dra.slicemodel import SliceValidationError, Taint
+from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationError, Taint
 from accel_core.dra.status import DeviceStatusWriter
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints
@@ -87,93 +87,133 @@ def dra_driver_version() -> str:
         return FALLBACK_VERSION
 
 
-class _NoApiReader:
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        raise ClaimError("no API server connection is configured (KUBECONFIG or in-cluster), so claims cannot be read")
+@dataclass(frozen=True)
+class ServiceSettings:
+    """How one node's driver runs (the ``serve`` flags)."""
+
+    node_name: str
+    pod_uid: str | None = None
+    healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT
+    rescan_interval: float = DEFAULT_RESCAN_INTERVAL
+    health_poll_interval: float = DEFAULT_HEALTH_POLL_INTERVAL
+    health_refresh_seconds: float = 20.0
+    cleanup_interval: float = DEFAULT_CLEANUP_INTERVAL
+    remove_slices_on_exit: bool = False
+    device_status: bool = True
+    taint_effect: str = "NoSchedule"
+    noexecute_after: float = DEFAULT_NOEXECUTE_AFTER
+    min_slice_write_interval: float = DEFAULT_MIN_SLICE_WRITE_INTERVAL
+    registration_wait: float = 0.0
+    #: (namespace, name) of the DaemonSet this pod belongs to, asked at shutdown whether the driver leaves for good
+    daemonset: tuple[str, str] | None = None
+    dra_version: str | None = None
+
+
+class Publisher(Protocol):
+    """Keeps this node's ResourceSlices as the devices handed to it (:class:`SlicePublisher`)."""
+
+    def set_devices(self, devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    async def remove_all(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ClaimNotices:
+    """What the driver's prepares tell (:class:`~accel_core.dra.preparation.PrepareNotices`) goes to the claims'
+    status writer and the problem reporter, each of which queues it for a task on the event loop."""
+
+    status: DeviceStatusWriter | None
+    reporter: ClaimReporter | None
+
+    def prepared(self, claims: Sequence[PreparedClaim]) -> None:
+        if self.status is not None:
+            self.status.submit(claims)
+        if self.reporter is not None:
+            self.reporter.resolved([c.uid for c in claims])
+
+    def failed(self, problems: Sequence[ClaimProblem]) -> None:
+        if self.reporter is not None:
+            self.reporter.submit(problems)
 
 
 class DraService:
-    """One node's DRA driver for ``profile``. ``client=None`` serves the kubelet but publishes nothing and reads
-    no claims."""
+    """One node's DRA driver for ``profile``, built from its collaborators: ``client`` (lightkube's, for slices,
+    Node, status and Events; None: serve the kubelet but publish nothing), ``claims`` (the blocking claim GET the
+    plugin reads with, :func:`accel_core.dra.claims.claim_get_for`; None: none, so every prepare fails saying so),
+    ``publisher`` (default: a :class:`SlicePublisher` on ``client``), ``registry`` and ``instance_lock`` (default: the
+    plugin's own, taken by :meth:`run`)."""
 
     def __init__(
         self,
         profile: DraProfile[Any, Any],
         paths: HostPaths,
+        settings: ServiceSettings,
         *,
-        node_name: str,
-        client: AsyncClient | None,
-        claim_get: DirectClaimGet | None = None,
-        pod_uid: str | None = None,
-        healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT,
-        rescan_interval: float = DEFAULT_RESCAN_INTERVAL,
-        health_poll_interval: float = DEFAULT_HEALTH_POLL_INTERVAL,
-        health_refresh_seconds: float = 20.0,
-        cleanup_interval: float = DEFAULT_CLEANUP_INTERVAL,
-        remove_slices_on_exit: bool = False,
-        device_status: bool = True,
-        taint_effect: str = "NoSchedule",
-        noexecute_after: float = DEFAULT_NOEXECUTE_AFTER,
-        min_slice_write_interval: float = DEFAULT_MIN_SLICE_WRITE_INTERVAL,
+        client: AsyncClient | None = None,
+        claims: ClaimGet | None = None,
+        publisher: Publisher | None = None,
         registry: CollectorRegistry | None = None,
-        dra_version: str | None = None,
         instance_lock: InstanceLock | None = None,
-        registration_wait: float = 0.0,
-        daemonset: tuple[str, str] | None = None,
     ) -> None:
+        node_name = settings.node_name
+        self.settings = settings
         self.profile = profile
-        self.registration_wait = registration_wait
+        self.registration_wait = settings.registration_wait
         self.driver_name = profile.driver_name
         self.paths = paths
         self.node_name = node_name
         self.client = client
-        self.healthcheck_port = healthcheck_port
-        self.rescan_interval = rescan_interval
-        self.health_poll_interval = health_poll_interval
-        self.health_refresh_seconds = health_refresh_seconds
-        self.cleanup_interval = cleanup_interval
-        self.remove_slices_on_exit = remove_slices_on_exit
-        self.taint_effect = taint_effect
-        self.taints = UnhealthyTaints(self.driver_name, taint_effect, noexecute_after=noexecute_after)
-        self.dra_version = dra_version or dra_driver_version()
+        self.healthcheck_port = settings.healthcheck_port
+        self.rescan_interval = settings.rescan_interval
+        self.health_poll_interval = settings.health_poll_interval
+        self.health_refresh_seconds = settings.health_refresh_seconds
+        self.cleanup_interval = settings.cleanup_interval
+        self.remove_slices_on_exit = settings.remove_slices_on_exit
+        self.taint_effect = settings.taint_effect
+        self.taints = UnhealthyTaints(self.driver_name, settings.taint_effect,
+                                      noexecute_after=settings.noexecute_after)
+        self.dra_version = settings.dra_version or dra_driver_version()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = DriverMetrics(self.registry, profile.metrics_prefix)
         self.scan: Scan[Any] = Scan(None, ())  # the first real scan is the first thing run() does
         self.cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor(self.driver_name), CDI_CLASS)
         data_dir = paths.plugins_data_dir / self.driver_name
         self.store = ClaimStore(data_dir / "checkpoint.json", read_boot_id(paths.host_root))
-        self.reader: ClaimReader = ApiClaimReader(client, claim_get) if client is not None else _NoApiReader()
-        self.status = (DeviceStatusWriter(client, self.driver_name,
-                                          still_prepared=lambda uid: self.store.get(uid) is not None,
-                                          health=lambda device: self.driver.health_of(device), node=node_name)
-                       if client is not None and device_status else None)
+        self.reader = ClaimReader(claims if claims is not None else NoApiClaimGet(), self.metrics)
+        self.health = HealthBook()  #: each published device's health, as the driver last heard it
+        self.status = (DeviceStatusWriter(client, self.driver_name, still_prepared=self.store.get,
+                                          health=self.health.get, node=node_name)
+                       if client is not None and settings.device_status else None)
         #: Failed prepares and health changes of prepared claims, on the claims and their pods (Events).
         self.reporter = (ClaimReporter(client, self.driver_name, node_name, prepared=self.store.get,
-                                       health=lambda device: self.driver.health_of(device),
-                                       write_status=device_status)
+                                       health=self.health.get, write_status=settings.device_status)
                          if client is not None else None)
-        self.driver = DraDriver(profile, node_name=node_name, reader=self.reader, cdi=self.cdi, store=self.store,
-                                inventory=lambda: self.inventory, metrics=self.metrics,
-                                status_sink=self._prepared if client is not None else None,
-                                problem_sink=self.reporter.submit if self.reporter is not None else None)
-        self.plugin = DraPlugin(self.driver, paths, pod_uid=pod_uid, registry=self.registry)
+        self.driver = DraDriver(profile, node_name=node_name, cdi=self.cdi, store=self.store, metrics=self.metrics,
+                                health=self.health, notices=ClaimNotices(self.status, self.reporter)
+                                if client is not None else None)
+        self.plugin = DraPlugin(self.driver, paths, claims=self.reader, pod_uid=settings.pod_uid,
+                                registry=self.registry)
         if instance_lock is not None:
             self.plugin.instance = instance_lock
         self.cleaner = StaleClaimCleaner(store=self.store, reader=self.reader, unprepare=self.plugin.unprepare_claims,
                                          driver=self.driver_name, pool=node_name, metrics=self.metrics)
-        self.publisher = (SlicePublisher(client, self.driver_name, node_name, registry=self.registry,
-                                         min_write_interval=min_slice_write_interval, on_listed=self._seed_taints)
-                          if client is not None else None)
+        self.publisher: Publisher | None = publisher if publisher is not None else (
+            SlicePublisher(client, self.driver_name, node_name, registry=self.registry,
+                           min_write_interval=settings.min_slice_write_interval, on_listed=self._seed_taints)
+            if client is not None else None)
         self.own_node = OwnNode(client, node_name)
         self.node_labels: NodeLabelWatch | None = None  #: Node labels -> device attributes (once scanned)
-        self.liveness = LivenessServer(self.check_liveness, healthcheck_port) if healthcheck_port >= 0 else None
+        self.liveness = (LivenessServer(self.check_liveness, settings.healthcheck_port)
+                         if settings.healthcheck_port >= 0 else None)
         self.ready = asyncio.Event()
         self.poller = FilePoller()  #: the profile's health files, re-watched after every scan
         self._last_push = 0.0  # loop time of the last full list sent to the health stream
         coexistence = profile.scanner.coexistence
         self.holds = DevicePluginHolds(coexistence, paths)  #: devices device-plugin pods still hold (not published)
-        self.presence = Presence(coexistence, paths, node=node_name, pod_uid=pod_uid, client=client,
-                                 daemonset=daemonset)
+        self.presence = Presence(coexistence, paths, node=node_name, pod_uid=settings.pod_uid, client=client,
+                                 daemonset=settings.daemonset)
         self.held: frozenset[str] = frozenset()
         self._sharing_logged: str | None = None
         self._problems = ProblemLog(log, "host problem", "host problem resolved")
@@ -183,13 +223,6 @@ class DraService:
         return self.scan.inventory
 
     # -- pieces ----------------------------------------------------------------------------------------------------
-    def _prepared(self, claims: Sequence[PreparedClaim]) -> None:
-        """The prepare's thread hands over the newly prepared claims: their status, and their problems resolved."""
-        if self.status is not None:
-            self.status.submit(claims)
-        if self.reporter is not None:
-            self.reporter.resolved([c.uid for c in claims])
-
     async def check_liveness(self) -> str | None:
         return await check_own_sockets(str(self.plugin.registration_socket), str(self.plugin.dra_socket))
 
@@ -209,6 +242,7 @@ class DraService:
     async def rescan(self) -> Scan[Any]:
         """Re-read the host (off the event loop) and hand the result to the publisher; returns what it found."""
         self.scan, sharing, held, health_files = await asyncio.to_thread(self._look)
+        self.driver.set_inventory(self.scan.inventory)
         self.poller.watch(health_files)  # a few opens and preads, as the device plugins do on their loop
         self._problems.update(("", p) for p in self.scan.problems)
         if sharing != self._sharing_logged:

@@ -12,10 +12,11 @@
   streams, which hold a server thread each, never take the threads prepares need.
 
 The DRA socket is served by a synchronous gRPC server: each call runs in one of its threads, which does the whole
-request there through the handler's :class:`~accel_core.dra.types.DraHandler` calls: ``prefetch_blocking`` (the
-network reads, before the locks, so a slow API server holds up no other request), then the locks (waiting there,
-never on the event loop, while another pod holds the file lock) and ``prepare_blocking``/``unprepare_blocking``.
-No hop to the event loop and back (0.3-0.5 ms per prepare). Registration stays on an asyncio server; the event loop
+request there: the claims the handler names (:meth:`~accel_core.dra.types.DraHandler.claims_to_read`) are read
+from the API server by the plugin's :class:`ClaimSource` (before the locks, so a slow API server holds up no other
+request), then the locks are taken (waiting there, never on the event loop, while another pod holds the file lock)
+and the handler gets the claim objects (``prepare_blocking``) or the references (``unprepare_blocking``). No hop
+to the event loop and back (0.3-0.5 ms per prepare). Registration stays on an asyncio server; the event loop
 keeps serving it, the liveness probe and the health stream's updates whatever the DRA calls are doing.
 """
 
@@ -29,10 +30,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -59,6 +60,9 @@ from accel_core.kubeletapi.constants import (
 from accel_core.logs import kv
 from accel_core.paths import HostPaths, check_socket_path
 
+if TYPE_CHECKING:
+    from lightkube.resources.resource_v1 import ResourceClaim
+
 log = logging.getLogger(__name__)
 
 HEALTH_MESSAGE_MAX = 1024
@@ -72,6 +76,17 @@ MAX_HEALTH_STREAMS = 3
 REGISTRATION_STATUS_KEPT = 8
 
 Results = dict[str, tuple[list[PreparedDevice], str]]
+#: Claim UID -> its devices (prepare), None (unprepare), or its exception: a request's outcome before it is answered.
+Outcomes = Mapping[str, Any]
+
+
+class ClaimSource(Protocol):
+    """Where the plugin reads claims (:class:`accel_core.dra.claims.ClaimReader`): blocking, in the calling
+    thread."""
+
+    def read_all(self, claims: Sequence[ClaimRef]) -> dict[str, ResourceClaim | None | BaseException]:
+        """Each claim by UID: the API object, None when there is none, or the exception its read raised."""
+        ...
 
 
 class DraMetrics:
@@ -182,14 +197,16 @@ class DraPlugin:
 
     def __init__(
         self,
-        handler: DraHandler[Any],
+        handler: DraHandler,
         paths: HostPaths,
         *,
+        claims: ClaimSource,
         pod_uid: str | None = None,
         serve_health: bool = True,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.handler: DraHandler[Any] = handler
+        self.handler = handler
+        self.claims = claims
         self.driver = handler.driver_name
         suffix = f"-{pod_uid}" if pod_uid else ""
         self.data_dir = paths.plugins_data_dir / self.driver
@@ -207,7 +224,6 @@ class DraPlugin:
         self._stream_ids = itertools.count()
         self._servers: list[grpc.aio.Server] = []
         self._dra_server: grpc.Server | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         #: The kubelet's last registration answers (bounded: :meth:`_registration_answered`).
         self.registration_status: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(REGISTRATION_STATUS_KEPT)
         self._rejections = Throttle(log, period=60.0)
@@ -226,7 +242,6 @@ class DraPlugin:
         """Serve the DRA endpoint first, then the registration socket (the kubelet dials in as soon as it sees it)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
-        self._loop = asyncio.get_running_loop()
         self._stopping.clear()
         dra = grpc.server(ThreadPoolExecutor(DRA_SERVER_THREADS, thread_name_prefix="dra-grpc"))
         d1_grpc.add_DRAPluginServicer_to_server(_DraV1(self), dra)
@@ -277,30 +292,45 @@ class DraPlugin:
         return self.registration_socket.exists() and self.dra_socket.exists()
 
     # -- claims --------------------------------------------------------------------------------------------------
-    def prepare_claims_blocking(self, claims: list[ClaimRef], loop: asyncio.AbstractEventLoop | None = None
-                                ) -> Results:
+    def prepare_claims_blocking(self, claims: list[ClaimRef]) -> Results:
         """Prepare the claims of one request in this thread (a DRA server thread); each UID maps to (devices,
-        error). The handler's network reads come first, outside the locks, then the rest under them; ``loop`` (by
-        default the one the plugin started on) runs reads whose client belongs to it."""
-        run_on = loop or self._loop
-        assert run_on is not None, "start() first, or pass the loop"
-        fetched: Any = None
-
-        def prefetch(refs: list[ClaimRef]) -> None:
-            nonlocal fetched
-            fetched = self.handler.prefetch_blocking(refs, run_on)
-
-        return self._in_thread("prepare", claims,
-                               lambda refs: self.handler.prepare_blocking(refs, run_on, prefetched=fetched),
-                               before=prefetch)
+        error)."""
+        return self._answer("prepare", claims, *self.prepare(claims))
 
     def unprepare_claims_blocking(self, claims: list[ClaimRef]) -> Results:
         """Unprepare the claims of one request in this thread (a DRA server thread)."""
-        return self._in_thread("unprepare", claims, self.handler.unprepare_blocking)
+        return self._answer("unprepare", claims, *self.unprepare(claims))
 
     async def unprepare_claims(self, claims: list[ClaimRef]) -> Results:
         """:meth:`unprepare_claims_blocking` from the event loop (the stale-claim cleanup), in a worker thread."""
         return await asyncio.to_thread(self.unprepare_claims_blocking, claims)
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> tuple[Outcomes, float]:
+        """One prepare request in this thread, before it is answered: the claims the handler names read first
+        (outside the locks), then, under them, any it names now that were not (another process unprepared them
+        meanwhile) and the handler's prepare with the objects read. Each UID's devices or exception, and the seconds
+        under the locks."""
+        if not claims:
+            return {}, 0.0
+        try:
+            reads = dict(self.claims.read_all(self.handler.claims_to_read(claims)))
+        except Exception as exc:  # a bug: every claim of the request reports it
+            log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
+            return {c.uid: exc for c in claims}, 0.0
+
+        def work() -> Outcomes:
+            missing = [c for c in self.handler.claims_to_read(claims, locked=True) if c.uid not in reads]
+            if missing:
+                reads.update(self.claims.read_all(missing))
+            return self.handler.prepare_blocking(claims, reads)
+
+        return self._locked(claims, work)
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> tuple[Outcomes, float]:
+        """One unprepare request in this thread, under the locks: each UID's None or exception, and the seconds."""
+        if not claims:
+            return {}, 0.0
+        return self._locked(claims, lambda: self.handler.unprepare_blocking(claims))
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -309,29 +339,24 @@ class DraPlugin:
         async with self._serial.held_async():
             yield
 
-    def _in_thread(self, operation: str, claims: list[ClaimRef],
-                   work: Callable[[list[ClaimRef]], Mapping[str, Any]],
-                   before: Callable[[list[ClaimRef]], None] | None = None) -> Results:
-        """One request done by ``work`` (UID -> devices, None, or the claim's exception) in this thread, under the
-        locks, after ``before`` (the network reads, outside them); each claim's result, metrics and log line as if
-        done one at a time."""
-        out: Results = {}
-        if not claims:
-            return out
-        results: Mapping[str, Any]
+    def _locked(self, claims: Sequence[ClaimRef], work: Callable[[], Outcomes]) -> tuple[Outcomes, float]:
+        """``work`` under the locks: its outcomes and the seconds it took; every claim gets the ClaimError of a lock
+        that cannot be had (stopping, no lock file), or the exception of a handler bug."""
         start = time.perf_counter()
         try:
-            if before is not None:
-                before(claims)
             with self._serial.held():
                 start = time.perf_counter()  # the time under the locks
-                results = work(claims)
-            elapsed = time.perf_counter() - start
+                results = work()
+            return results, time.perf_counter() - start
         except ClaimError as exc:  # stopped while waiting for the other pod's lock, or no lock file
-            results, elapsed = {c.uid: exc for c in claims}, 0.0
+            return {c.uid: exc for c in claims}, 0.0
         except Exception as exc:  # a handler bug: every claim of the request reports it
             log.exception("unexpected error", extra=kv(driver=self.driver, claims=len(claims)))
-            results, elapsed = {c.uid: exc for c in claims}, time.perf_counter() - start
+            return {c.uid: exc for c in claims}, time.perf_counter() - start
+
+    def _answer(self, operation: str, claims: list[ClaimRef], results: Outcomes, elapsed: float) -> Results:
+        """Each claim's entry in the answer, with its metrics and log line, as if done one at a time."""
+        out: Results = {}
         for claim in claims:
             result = results.get(claim.uid)
             if isinstance(result, BaseException):

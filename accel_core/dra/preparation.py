@@ -47,23 +47,21 @@ steps claim by claim, but reads the claims from the API server at once and recor
 specs, then one journal record for all. Devices are checked against the claims planned earlier in the same
 request, too. Each phase's time is observed in ``<prefix>_prepare_phase_duration_seconds``.
 
-A request is worked on in one worker thread from start to end (:meth:`DraDriver.prepare_blocking`, called in
-the DRA server's thread): nothing that touches files (the device-plugin
-guard, the checkpoint and CDI writes) runs on the event loop. Claims are read in that thread too when the reader
-can (``read_blocking``; several at once on a few more threads); a reader whose client belongs to the event loop
-(lightkube's) reads there. The plugin serializes calls, so one request at a time works on the checkpoint and the
-device plan; the claim reads come before that (:meth:`DraDriver.prefetch_blocking`, outside the locks), so a slow
-API server delays only the prepares that need it.
+A request is worked on in one thread from start to end (:meth:`DraDriver.prepare_blocking`, called in the DRA
+server's thread): nothing that touches files (the device-plugin guard, the checkpoint and CDI writes) runs on the
+event loop. The driver reads nothing from the network: it names the claims it needs
+(:meth:`DraDriver.claims_to_read`), and the plugin reads them (:class:`accel_core.dra.claims.ClaimReader`, in the
+same thread, before its locks, so a slow API server delays only the prepares that need it) and hands the objects to
+:meth:`DraDriver.prepare_blocking` under the locks, which serialize calls: one request at a time works on the
+checkpoint and the device plan.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -80,14 +78,21 @@ from accel_core.dra.claimreport import (
     problem_of,
     reason_of,
 )
-from accel_core.dra.claims import AllocatedDevice, ClaimReader, allocated_for_node, check_claim_ref
+from accel_core.dra.claims import AllocatedDevice, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.logtext import cut
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.store import ClaimStore
-from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DeviceStatusData, PreparedDevice
+from accel_core.dra.types import (
+    ClaimError,
+    ClaimReads,
+    ClaimRef,
+    DeviceHealthReport,
+    DeviceStatusData,
+    PreparedDevice,
+)
 from accel_core.health import DeviceHealth
 from accel_core.k8snames import UID_RULE, is_uid
 from accel_core.logs import kv
@@ -95,11 +100,12 @@ from accel_core.logs import kv
 log = logging.getLogger(__name__)
 
 CDI_CLASS = "claim"
-#: Claim UID -> what its read from the API server returned (the claim, None when not found) or raised.
-Reads = Mapping[str, "ResourceClaim | None | BaseException"]
-#: Claims of one request read at once, at most.
-MAX_PARALLEL_READS = 8
 HEALTH_TIMEOUT_SECONDS = 60
+
+
+def _not_read() -> ClaimError:
+    """A claim the plugin did not read (it reads each one :meth:`DraDriver.claims_to_read` names under the locks)."""
+    return ClaimError("the claim was not read from the API server; the kubelet retries")
 
 
 def cdi_vendor(driver: str) -> str:
@@ -107,42 +113,71 @@ def cdi_vendor(driver: str) -> str:
     return f"k8s.{driver}"
 
 
+class PrepareNotices(Protocol):
+    """Told what prepares did, from the prepare's thread (each call must return at once)."""
+
+    def prepared(self, claims: Sequence[PreparedClaim]) -> None:
+        """The claims newly prepared, once recorded (device status, problems resolved)."""
+
+    def failed(self, problems: Sequence[ClaimProblem]) -> None:
+        """The claims read whose prepare failed (claim conditions and pod Events, :mod:`accel_core.dra.reporter`)."""
+
+
+class HealthBook:
+    """Each published device's health as last recorded, read from any thread (a change swaps the whole map)."""
+
+    def __init__(self) -> None:
+        self._health: dict[str, DeviceHealth] = {}
+
+    def get(self, device: str) -> DeviceHealth | None:
+        """The device's health (None: not a published device)."""
+        return self._health.get(device)
+
+    def set(self, health: Mapping[str, DeviceHealth]) -> bool:
+        """Record the health of every published device (in pool order); True when it changed."""
+        new = dict(health)
+        changed = new != self._health
+        self._health = new
+        return changed
+
+    def items(self) -> list[tuple[str, DeviceHealth]]:
+        return list(self._health.items())
+
+
 class DraDriver:
-    """Implements :class:`accel_core.dra.types.DraHandler` (``DraHandler[Reads]``) for one
-    :class:`~accel_core.dra.profile.DraProfile`."""
+    """Implements :class:`accel_core.dra.types.DraHandler` for one :class:`~accel_core.dra.profile.DraProfile`.
+    ``inventory`` is the scanned host the profile plans against (:meth:`set_inventory` after each scan);
+    ``blocked`` says why no claim may be prepared now (None: they may)."""
 
     def __init__(
         self,
         profile: DraProfile[Any, Any],
         *,
         node_name: str,
-        reader: ClaimReader,
         cdi: CdiSpecWriter,
         store: ClaimStore,
-        inventory: Callable[[], Any],
-        blocked: Callable[[], str | None] = lambda: None,
+        inventory: Any = None,
+        blocked: Callable[[], str | None] | None = None,
         metrics: DriverMetrics | None = None,
-        status_sink: Callable[[Sequence[PreparedClaim]], None] | None = None,
-        problem_sink: Callable[[Sequence[ClaimProblem]], None] | None = None,
+        health: HealthBook | None = None,
+        notices: PrepareNotices | None = None,
     ) -> None:
         self.profile = profile
         self.driver_name = profile.driver_name
         self.node_name = node_name
-        self.reader = reader
         self.cdi = cdi
         self.store = store
-        self._inventory = inventory
+        self.inventory = inventory
         self._blocked = blocked
-        #: Handed the newly prepared claims after they are recorded (must return at once: device status).
-        self.status_sink = status_sink
-        #: Handed the claims whose prepare failed after they were read (must return at once: claim conditions and
-        #: pod Events, :mod:`accel_core.dra.reporter`).
-        self.problem_sink = problem_sink
+        self.notices = notices
         self.metrics = metrics or DriverMetrics(None, profile.metrics_prefix)
-        self._health: dict[str, DeviceHealth] = {}
-        #: Seconds the last prepare spent reading the claim, and everything else (for benchmarks).
-        self.last_read_seconds = 0.0
+        self._health = health if health is not None else HealthBook()
+        #: Seconds the last prepare spent on everything but the claim reads (for benchmarks).
         self.last_local_seconds = 0.0
+
+    def set_inventory(self, inventory: Any) -> None:
+        """The host as last scanned (one reference swap: a prepare in flight keeps the one it took)."""
+        self.inventory = inventory
 
     # -- restore ---------------------------------------------------------------------------------------------------
     def restore(self) -> list[str]:
@@ -187,11 +222,14 @@ class DraDriver:
         return removed
 
     # -- prepare ---------------------------------------------------------------------------------------------------
-    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop) -> Reads:
-        """Read, before the plugin's locks, the claims a prepare will need from the API server: those not recorded
-        as prepared, as far as this process knows (the locked part looks again, after taking in what another
-        process recorded). A slow API server then holds up this request only: answers for prepared claims and
-        unprepares never wait for it. Claims that fail their name check are not read."""
+    def claims_to_read(self, claims: Sequence[ClaimRef], *, locked: bool = False) -> list[ClaimRef]:
+        """The claims a prepare of ``claims`` must read from the API server, once each: those not recorded as
+        prepared. Before the plugin's locks this is what this process knows (one dict read per claim: safe beside a
+        locked request's changes), so a slow API server holds up this request only; ``locked``, it first takes in
+        what another process recorded or removed. Claims that fail their name check, or any claim while the
+        checkpoint is unusable, are not read."""
+        if locked:
+            self.store.refresh()
         todo: dict[str, ClaimRef] = {}
         for claim in claims:
             if claim.uid in todo or self.store.error:
@@ -200,31 +238,24 @@ class DraDriver:
                 check_claim_ref(claim)
             except ClaimError:
                 continue
-            existing = self.store.get(claim.uid)  # one dict read: safe beside a locked request's changes
+            existing = self.store.get(claim.uid)
             if existing is None or existing.state != STATE_COMPLETED:
                 todo[claim.uid] = claim
-        if not todo:
-            return {}
-        start = time.perf_counter()
-        reads = self._read_all(list(todo.values()), loop)
-        self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - start)
-        return dict(zip(todo, reads, strict=True))
+        return list(todo.values())
 
-    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, *,
-                         prefetched: Reads | None = None) -> dict[str, list[PreparedDevice] | Exception]:
-        """Prepare the claims of one request; each UID maps to its devices or its error (ClaimError, or anything
-        unexpected for the caller to report as an internal error). The whole request is worked on in the calling
-        thread (the DRA server's); ``loop`` runs the reads of a reader that has no blocking read (lightkube's client).
-        ``prefetched``: the reads :meth:`prefetch_blocking` made before the locks (a claim missing there is read
-        here)."""
-        out = self._prepare_many(claims, loop, prefetched)
+    def prepare_blocking(self, claims: Sequence[ClaimRef], reads: ClaimReads
+                         ) -> dict[str, list[PreparedDevice] | Exception]:
+        """Prepare the claims of one request from the claims the plugin read (:meth:`claims_to_read`); each UID maps
+        to its devices or its error (ClaimError, or anything unexpected for the caller to report as an internal
+        error). The whole request is worked on in the calling thread (the DRA server's)."""
+        out = self._prepare_many(claims, reads)
         for result in out.values():
             if isinstance(result, ClaimError):
                 self.metrics.claim_errors.labels("prepare").inc()
         return out
 
-    def _prepare_many(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop,
-                      prefetched: Reads | None = None) -> dict[str, list[PreparedDevice] | Exception]:
+    def _prepare_many(self, claims: Sequence[ClaimRef], given: ClaimReads
+                      ) -> dict[str, list[PreparedDevice] | Exception]:
         out: dict[str, list[PreparedDevice] | Exception] = {}
         fresh: list[ClaimRef] = []
         known: list[PreparedClaim] = []  # prepared already
@@ -247,23 +278,23 @@ class DraDriver:
         out.update(self._answer_again(known))
         if not fresh:
             return out
-        reads = self._reads(fresh, loop, prefetched or {})
         local_start = time.perf_counter()
+        reads = [given[c.uid] if c.uid in given else _not_read() for c in fresh]
         plans = self._plan_all(fresh, reads, out)
         if plans:
             recorded = self._record(plans)
             self._answers(recorded, out)
-            if self.status_sink is not None:
-                self.status_sink([p for p in recorded.values() if isinstance(p, PreparedClaim)])
+            if self.notices is not None:
+                self.notices.prepared([p for p in recorded.values() if isinstance(p, PreparedClaim)])
         self._observe_local(local_start)
-        if self.problem_sink is not None:
+        if self.notices is not None:
             self._report_problems(fresh, reads, out)
         return out
 
     def _report_problems(self, fresh: Sequence[ClaimRef], reads: Sequence[ResourceClaim | None | BaseException],
                          out: Mapping[str, list[PreparedDevice] | Exception]) -> None:
-        """Hand the failed claims that were read, with devices of this driver here, to the problem sink."""
-        assert self.problem_sink is not None
+        """Tell the notices of the failed claims that were read, with devices of this driver here."""
+        assert self.notices is not None
         problems = []
         for claim, data in zip(fresh, reads, strict=True):
             error = out.get(claim.uid)
@@ -274,44 +305,7 @@ class DraDriver:
             if problem is not None:
                 problems.append(problem)
         if problems:
-            self.problem_sink(problems)
-
-    def _reads(self, fresh: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, prefetched: Reads
-               ) -> list[ResourceClaim | None | BaseException]:
-        """Each fresh claim's read: made before the locks, or now (not read before: another process unprepared
-        it meanwhile, or the caller made no reads first)."""
-        missing = [c for c in fresh if c.uid not in prefetched]
-        if missing:
-            start = time.perf_counter()
-            prefetched = {**prefetched, **dict(zip((c.uid for c in missing), self._read_all(missing, loop),
-                                                   strict=True))}
-            self.metrics.prepare_phase_seconds.labels("read").observe(time.perf_counter() - start)
-        return [prefetched[c.uid] for c in fresh]
-
-    def _read_all(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop
-                  ) -> list[ResourceClaim | None | BaseException]:
-        """Each claim from the API server (several at once), or the exception its read raised."""
-        read = getattr(self.reader, "read_blocking", None)
-        if read is None:  # the reader's client belongs to the event loop
-            async def read_on_loop() -> list[ResourceClaim | None | BaseException]:
-                return await asyncio.gather(*(self._read(c) for c in claims), return_exceptions=True)
-
-            return asyncio.run_coroutine_threadsafe(read_on_loop(), loop).result()
-        if len(claims) == 1:
-            return [self._read_one(read, claims[0])]
-        with ThreadPoolExecutor(max_workers=min(len(claims), MAX_PARALLEL_READS),
-                                thread_name_prefix="claim-read") as pool:
-            return list(pool.map(lambda c: self._read_one(read, c), claims))
-
-    def _read_one(self, read: Callable[[str, str], ResourceClaim | None], claim: ClaimRef
-                  ) -> ResourceClaim | None | BaseException:
-        start = time.perf_counter()
-        try:
-            return read(claim.namespace, claim.name)
-        except Exception as exc:
-            return exc
-        finally:
-            self._observe_read(time.perf_counter() - start)
+            self.notices.failed(problems)
 
     def _plan_all(self, fresh: Sequence[ClaimRef], reads: Sequence[ResourceClaim | None | BaseException],
                   out: dict[str, list[PreparedDevice] | Exception]) -> list[PreparedClaim]:
@@ -346,28 +340,19 @@ class DraDriver:
         for uid, done in recorded.items():
             out[uid] = done if isinstance(done, Exception) else done.prepared_devices(self.cdi.qualified)
 
-    def _observe_read(self, seconds: float) -> None:
-        self.last_read_seconds = seconds
-        self.metrics.claim_read_seconds.observe(seconds)
-
     def _observe_local(self, start: float) -> None:
         self.last_local_seconds = time.perf_counter() - start
         self.metrics.prepare_local_seconds.observe(self.last_local_seconds)
 
     def _guard(self) -> str | None:
         """Why no claim may be prepared now (the device-plugin guard, a directory listing), or None."""
+        if self._blocked is None:
+            return None
         start = time.perf_counter()
         try:
             return self._blocked()
         finally:
             self.metrics.prepare_phase_seconds.labels("guard").observe(time.perf_counter() - start)
-
-    async def _read(self, claim: ClaimRef) -> ResourceClaim | None:
-        start = time.perf_counter()
-        try:
-            return await self.reader.read(claim.namespace, claim.name)
-        finally:
-            self._observe_read(time.perf_counter() - start)
 
     def unprepare_blocking(self, claims: Sequence[ClaimRef]) -> dict[str, Exception | None]:
         """Unprepare the claims of one request: their CDI specs, then one checkpoint write for all; each UID maps
@@ -451,7 +436,7 @@ class DraDriver:
                                            decode=self.profile.decode_config, default=self.profile.default_config)
         except ConfigError as exc:
             raise ClaimProblemError(str(exc), INVALID_CONFIG) from exc
-        inventory = self._inventory()
+        inventory = self.inventory
         requests = []
         status: list[tuple[str, DeviceStatusData]] = []
         for request in alloc.requests:
@@ -547,11 +532,9 @@ class DraDriver:
     # -- health ----------------------------------------------------------------------------------------------------
     def set_health(self, health: Mapping[str, DeviceHealth]) -> bool:
         """Record the health of every published device (in pool order); True when it changed."""
-        new = dict(health)
-        changed = new != self._health
-        self._health = new
-        self.metrics.devices.set(len(new))
-        for name, state in new.items():
+        changed = self._health.set(health)
+        self.metrics.devices.set(len(health))
+        for name, state in health.items():
             self.metrics.device_healthy.labels(name).set(1 if state.healthy else 0)
         return changed
 

@@ -77,7 +77,7 @@ class DeviceStatusWriter:
     """Writes the device status of prepared claims from a task on the event loop (:meth:`run`)."""
 
     def __init__(self, client: AsyncClient, driver: str, *,
-                 still_prepared: Callable[[str], bool] = lambda uid: True, delay: float = DELAY_SECONDS,
+                 still_prepared: Callable[[str], object] = lambda uid: True, delay: float = DELAY_SECONDS,
                  health: Callable[[str], DeviceHealth | None] = lambda device: None, node: str = "this node") -> None:
         self.client = client
         self.driver = driver

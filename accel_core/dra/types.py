@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
-#: What a handler reads before the plugin's locks and is handed back under them (the claims it read).
-Fetched = TypeVar("Fetched")
+if TYPE_CHECKING:
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+#: Claim UID -> the claim as the API server returned it (None: it has none) or the exception its read raised.
+ClaimReads = Mapping[str, "ResourceClaim | None | BaseException"]
 
 
 @dataclass(frozen=True)
@@ -61,21 +63,25 @@ class ClaimError(Exception):
     """A claim-level failure: reported in that claim's error field, not as a failed RPC."""
 
 
-class DraHandler(Protocol[Fetched]):
-    """What a DRA driver provides. The plugin calls it from a DRA server thread: ``prefetch_blocking`` outside its
-    locks, then ``prepare_blocking`` or ``unprepare_blocking`` under them (one request at a time). Each maps every
-    claim UID of the request to its result or its exception; both must be idempotent."""
+class DraHandler(Protocol):
+    """What a DRA driver provides. The plugin calls it from a DRA server thread: ``claims_to_read`` and the claim
+    reads outside its locks, then ``prepare_blocking`` (with the claims read) or ``unprepare_blocking`` under them
+    (one request at a time). Each maps every claim UID of the request to its result or its exception; both must be
+    idempotent."""
 
     @property
     def driver_name(self) -> str: ...
 
-    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop) -> Fetched:
-        """Read what the prepare needs from the network, before the locks (a slow read holds up no other call)."""
+    def claims_to_read(self, claims: Sequence[ClaimRef], *, locked: bool = False) -> list[ClaimRef]:
+        """The claims whose API objects a prepare of ``claims`` needs (those not prepared yet), once each. Cheap (no
+        network); the plugin asks before its locks and, ``locked``, again under them (another process may have
+        changed what is prepared meanwhile)."""
         ...
 
-    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: asyncio.AbstractEventLoop, *,
-                         prefetched: Fetched | None = None) -> Mapping[str, list[PreparedDevice] | Exception]:
-        """Prepare the claims of one request; a claim's failure is its ClaimError, with a message naming it."""
+    def prepare_blocking(self, claims: Sequence[ClaimRef], reads: ClaimReads
+                         ) -> Mapping[str, list[PreparedDevice] | Exception]:
+        """Prepare the claims of one request from the claims read (each one ``claims_to_read`` named under the
+        locks); a claim's failure is its ClaimError, with a message naming it."""
         ...
 
     def unprepare_blocking(self, claims: Sequence[ClaimRef]) -> Mapping[str, Exception | None]:

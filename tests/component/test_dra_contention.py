@@ -20,15 +20,13 @@ import pytest
 from accel_rig.kubelet_standin import KubeletStandIn, socket_files
 from accel_rig.polling import poll_until
 from aiohttp import web
+from drarig import DriverRig, claim
 from hostcache import copy_host
-from lightkube import AsyncClient, KubeConfig
+from lightkube import KubeConfig
 
 import accel_core.dra.cdi as cdi_module
 import accel_core.dra.pluginserver as plugin_module
-from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
-from accel_core.dra.claims import ApiClaimReader
 from accel_core.dra.liveness import (
     SERVING,
     HealthCheckRequest,
@@ -37,12 +35,9 @@ from accel_core.dra.liveness import (
     check_own_sockets,
 )
 from accel_core.dra.pluginserver import DraPlugin
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.store import ClaimStore
 from accel_core.fakehost import build_host
 from accel_core.health import DeviceHealth
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
-from neuron_dra.discovery import discover
 from neuron_dra.dra.profile import NeuronProfile
 
 DRIVER = "neuron.aws.com"
@@ -50,12 +45,8 @@ NODE = "node-a"
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"  # the resource.k8s.io/v1 path
 
 
-def claim(name: str, uid: str, devices: list[int]) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"namespace": "ns", "name": name, "uid": uid},
-            "spec": {"devices": {}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "r", "driver": DRIVER, "pool": NODE, "device": f"neuron-device-{i}"} for i in devices]}}}}
+def neuron_claim(name: str, uid: str, devices: list[int]) -> dict[str, Any]:
+    return claim(name, [f"neuron-device-{i}" for i in devices], driver=DRIVER, uid=uid)
 
 
 class SlowApi:
@@ -102,7 +93,6 @@ class Rig:
         self.standin = KubeletStandIn(root / "k")
         self.standin.registry_dir.mkdir(parents=True)
         self.paths = self.standin.paths(host_root=root / "h", cdi_root=root / "cdi")
-        self.inventory = discover(self.paths)
 
     @asynccontextmanager
     async def running(self, server: str = "http://127.0.0.1:1") -> AsyncIterator[DraPlugin]:
@@ -111,23 +101,15 @@ class Rig:
             "users": [{"name": "u", "user": {"token": "t"}}],
             "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"}).get()
         assert config is not None
-        client = AsyncClient(config)
         direct = DirectClaimGet(config, keepalive=60)
-        store = ClaimStore(self.paths.plugins_data_dir / DRIVER / "checkpoint.json", read_boot_id(self.paths.host_root))
-        store.load()
-        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
-        driver = DraDriver(NeuronProfile(), node_name=NODE, reader=ApiClaimReader(client, direct), cdi=self.cdi,
-                           store=store, inventory=lambda: self.inventory)
-        self.store = store
-        self.driver = driver
-        plugin = DraPlugin(driver, self.paths, pod_uid="pod-1")
-        await plugin.start()
+        driver = DriverRig(self.paths, NeuronProfile(), api=direct, pod_uid="pod-1")
+        self.store, self.cdi, self.driver = driver.store, driver.cdi, driver.driver
+        await driver.plugin.start()
         try:
-            yield plugin
+            yield driver.plugin
         finally:
-            await plugin.stop()
+            await driver.plugin.stop()
             direct.close()
-            await client.close()
 
 
 def devices(answer: Any) -> list[str]:
@@ -189,8 +171,7 @@ def test_a_slow_claim_read_holds_up_no_other_request(short_tmp: Path) -> None:
     one completes, with its own device."""
     rig = Rig(short_tmp)
     api = SlowApi()
-    api.claims = {"a": claim("a", "u-a", [0]), "b": claim("b", "u-b", [1]), "c": claim("c", "u-c", [2]),
-                  "d": claim("d", "u-d", [3])}
+    api.claims = {name: neuron_claim(name, f"u-{name}", [i]) for i, name in enumerate("abcd")}
 
     async def scenario() -> None:
         async with api.serving() as server, rig.running(server):
@@ -268,7 +249,7 @@ def test_an_unprepare_that_cannot_remove_the_spec_fails_and_keeps_the_claim(shor
     again, the retry removes both."""
     rig = Rig(short_tmp)
     api = SlowApi()
-    api.claims = {"a": claim("a", "u-a", [0]), "b": claim("b", "u-b", [1]), "x": claim("x", "u-x", [0])}
+    api.claims = {name: neuron_claim(name, f"u-{name}", [i]) for name, i in (("a", 0), ("b", 1), ("x", 0))}
 
     async def scenario() -> None:
         async with api.serving() as server, rig.running(server):

@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import msgspec
 import pytest
 from accel_rig.kubelet_standin import KubeletStandIn
+from drarig import DictClaims, claim
 from hostcache import copy_host
-from lightkube.resources.resource_v1 import ResourceClaim
 from lockspy import FlockBusySpy
 
 import accel_core.dra.pluginserver as plugin_module
-from accel_core.dra.daemon import DraService
+from accel_core.dra.daemon import DraService, ServiceSettings
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
@@ -33,17 +32,6 @@ DRIVERS = {
     "neuron.aws.com": (NeuronProfile, "inf2.xlarge", "neuron-device-0"),
     "efa.aws.com": (EfaProfile, "p4d.24xlarge", "efa-0000-10-1b-0"),
 }
-
-
-class Reader:
-    def __init__(self, driver: str, device: str) -> None:
-        self.driver, self.device = driver, device
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        return msgspec.convert({"metadata": {"namespace": namespace, "name": name, "uid": "u-1"},
-                                "status": {"allocation": {"devices": {"results": [
-                                    {"request": "r", "driver": self.driver, "pool": NODE, "device": self.device}]}}}},
-                               ResourceClaim)
 
 
 async def liveness(port: int) -> tuple[int, float]:
@@ -96,9 +84,11 @@ def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_
     monkeypatch.setattr(plugin_module, "fcntl", spy)
 
     async def scenario() -> None:
-        service = DraService(profile(), paths, node_name=NODE, client=None, pod_uid="new-pod",
-                             healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=0.3)
-        service.driver.reader = Reader(driver, device)
+        claims = DictClaims()
+        claims.add(claim("c", [device], driver=driver, uid="u-1"))
+        service = DraService(profile(), paths, ServiceSettings(node_name=NODE, pod_uid="new-pod", healthcheck_port=0,
+                                                               rescan_interval=0.2, health_refresh_seconds=0.3),
+                             claims=claims)
         stop = asyncio.Event()
         task = asyncio.create_task(service.run(stop))
         await asyncio.wait_for(service.ready.wait(), 10)

@@ -17,8 +17,8 @@ from accel_rig.kubelet_standin import KubeletStandIn
 from accel_rig.polling import until
 from hostcache import copy_host
 
-from accel_core.dra.daemon import DEFAULT_HEALTH_POLL_INTERVAL, DraService
-from accel_core.dra.profile import DraProfile
+from accel_core.dra.daemon import DEFAULT_HEALTH_POLL_INTERVAL, DraService, ServiceSettings
+from accel_core.dra.profile import DraProfile, Scan
 from accel_core.dra.slicemodel import CounterSet, SliceDevice
 from accel_core.fakehost import FakeHost
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
@@ -74,6 +74,17 @@ def write_in_place(path: Path, text: str) -> None:
         os.close(fd)
 
 
+class CountingService(DraService):
+    """The service, counting its host scans (each once done: its poll baseline taken, its devices handed over)."""
+
+    scans = 0
+
+    async def rescan(self) -> Scan[Any]:
+        scan = await super().rescan()
+        self.scans += 1
+        return scan
+
+
 class Rig:
     """One DRA service on a fake host, its full rescans a minute apart, registered with the kubelet stand-in
     (``health`` is its open health stream); counts the service's scans."""
@@ -83,18 +94,15 @@ class Rig:
                                device_plugins=root / "k" / "device-plugins")
         self.standin = KubeletStandIn(self.paths.kubelet_root)
         self.standin.registry_dir.mkdir(parents=True, exist_ok=True)
-        self.service = DraService(profile, self.paths, node_name=NODE, client=None, pod_uid="pod-1",
-                                  healthcheck_port=-1, rescan_interval=RESCAN, **kwargs)
-        self.publisher = self.service.publisher = Publisher()  # type: ignore[assignment]
-        self.scans = 0
-        real_rescan = self.service.rescan
-
-        async def counting_rescan() -> Any:
-            self.scans += 1
-            return await real_rescan()
-
-        self.service.rescan = counting_rescan  # type: ignore[method-assign]
+        self.publisher = Publisher()
+        self.service = CountingService(profile, self.paths, ServiceSettings(
+            node_name=NODE, pod_uid="pod-1", healthcheck_port=-1, rescan_interval=RESCAN, **kwargs),
+            publisher=self.publisher)
         self.health: Any = None
+
+    @property
+    def scans(self) -> int:
+        return self.service.scans
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Rig]:

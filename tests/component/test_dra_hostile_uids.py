@@ -10,32 +10,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from accel_rig.kubelet_standin import KubeletStandIn
+from drarig import DriverRig
 from hostcache import shared_host
-from lightkube.resources.resource_v1 import ResourceClaim
 
-from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.pluginserver import DraPlugin
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.store import ClaimStore
 from efa_plugin.dra.profile import EfaProfile
 
 DRIVER = "efa.aws.com"
 NODE = "node-a"
-
-
-class Reader:
-    def __init__(self, claims: dict[tuple[str, str], dict[str, Any]]) -> None:
-        self.claims = claims
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        return self.read_blocking(namespace, name)
-
-    def read_blocking(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)
 
 
 @pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
@@ -44,20 +27,12 @@ def test_hostile_uids_over_grpc(short_tmp: Path, version: str, caplog: pytest.Lo
     standin = KubeletStandIn(short_tmp / "kubelet")
     standin.registry_dir.mkdir(parents=True)
     paths = standin.paths(host_root=shared_host("p5.48xlarge").root, cdi_root=short_tmp / "cdi")
-    profile = EfaProfile()
-    scan = profile.scan(paths, "1.0.0")
-    device = scan.devices[0].name
-    results = [{"request": "nic", "driver": DRIVER, "pool": NODE, "device": device}]
-    reader = Reader({("ns", "good"): {"metadata": {"namespace": "ns", "name": "good", "uid": "uid-good"},
-                                      "status": {"allocation": {"devices": {"results": results}}}}})
-    store = ClaimStore(paths.plugins_data_dir / DRIVER / "checkpoint.json", "boot")
-    store.load()
-    cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
-    driver = DraDriver(profile, node_name=NODE, reader=reader, cdi=cdi, store=store, inventory=lambda: scan.inventory)
+    rig = DriverRig(paths, EfaProfile(), pod_uid="pod-1")
+    rig.add("good", rig.devices[:1], request="nic")
+    store, cdi, plugin = rig.store, rig.cdi, rig.plugin
     hostile = ["a" * 300, "b" * 100_000]
 
     async def scenario() -> None:
-        plugin = DraPlugin(driver, paths, pod_uid="pod-1")
         await plugin.start()
         try:
             conn = await standin.register_dra(DRIVER)

@@ -12,20 +12,19 @@ from pathlib import Path
 import grpc
 import pytest
 from accel_rig.kubelet_standin import KubeletStandIn, socket_files
-from dracalls import plugin_prepare
 from lockspy import FlockBusySpy
 
 import accel_core.dra.pluginserver as plugin_module
 from accel_core.dra.pluginserver import DraPlugin
-from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, PreparedDevice
+from accel_core.dra.types import ClaimError, ClaimReads, ClaimRef, DeviceHealthReport, PreparedDevice
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 
 DRIVER = "toy.example.com"
 
 
 class ToyHandler:
-    """A handler with production's calls (:class:`~accel_core.dra.types.DraHandler`): run in the DRA server's
-    thread, reads first (outside the locks), then prepare or unprepare under them."""
+    """A handler with production's calls (:class:`~accel_core.dra.types.DraHandler`), run in the DRA server's
+    thread, and the plugin's claim source: reads first (outside the locks), then prepare or unprepare under them."""
 
     driver_name = DRIVER
 
@@ -34,10 +33,14 @@ class ToyHandler:
         self.calls: list[str] = []
         self.healthy = True
 
-    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: object) -> None:
-        self.calls += [f"read:{c.name}" for c in claims]
+    def claims_to_read(self, claims: Sequence[ClaimRef], *, locked: bool = False) -> list[ClaimRef]:
+        return list(claims)
 
-    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: object, *, prefetched: None = None
+    def read_all(self, claims: Sequence[ClaimRef]) -> dict[str, None]:
+        self.calls += [f"read:{c.name}" for c in claims]
+        return dict.fromkeys((c.uid for c in claims), None)
+
+    def prepare_blocking(self, claims: Sequence[ClaimRef], reads: ClaimReads
                          ) -> dict[str, list[PreparedDevice] | Exception]:
         out: dict[str, list[PreparedDevice] | Exception] = {}
         for claim in claims:
@@ -68,11 +71,12 @@ class ToyHandler:
                 DeviceHealthReport("node-a", "toy-1", None)]
 
 
-async def _start(short_tmp: Path, pod_uid: str | None = "pod-123") -> tuple[KubeletStandIn, DraPlugin, ToyHandler]:
+async def _start(short_tmp: Path, pod_uid: str | None = "pod-123", handler: ToyHandler | None = None
+                 ) -> tuple[KubeletStandIn, DraPlugin, ToyHandler]:
     standin = KubeletStandIn(short_tmp / "kubelet")
     standin.registry_dir.mkdir(parents=True)
-    handler = ToyHandler()
-    plugin = DraPlugin(handler, standin.paths(), pod_uid=pod_uid)
+    handler = handler or ToyHandler()
+    plugin = DraPlugin(handler, standin.paths(), claims=handler, pod_uid=pod_uid)
     await plugin.start()
     return standin, plugin, handler
 
@@ -200,9 +204,8 @@ async def _ask(proc: asyncio.subprocess.Process) -> str:
 
 def test_concurrent_prepares_never_overlap(short_tmp: Path) -> None:
     async def scenario() -> None:
-        standin, plugin, _ = await _start(short_tmp)
         probe = OverlapProbe()
-        plugin.handler = ProbedHandler(probe)
+        standin, plugin, _ = await _start(short_tmp, handler=ProbedHandler(probe))
         conn = await standin.register_dra(DRIVER)
         await asyncio.gather(*(conn.prepare(("ns", f"u{i}", f"c{i}")) for i in range(5)))
         assert probe.most == 1, probe.events
@@ -250,10 +253,9 @@ def test_a_prepare_waits_while_another_process_holds_the_lock(short_tmp: Path,
 
 def test_another_process_is_kept_out_while_a_prepare_runs(short_tmp: Path) -> None:
     async def scenario() -> None:
-        standin, plugin, _ = await _start(short_tmp)
         gate = threading.Event()
         handler = ProbedHandler(OverlapProbe(), gate)
-        plugin.handler = handler
+        standin, plugin, _ = await _start(short_tmp, handler=handler)
         other = await _holder(plugin.data_dir / "serialize.lock", "try")
         conn = await standin.register_dra(DRIVER)
         assert await _ask(other) == "got", "nobody holds the lock before the prepare"
@@ -281,14 +283,16 @@ def test_two_plugin_instances_contend_for_the_lock(short_tmp: Path, monkeypatch:
         probe = OverlapProbe()
         gate = threading.Event()
         old_handler, new_handler = ProbedHandler(probe, gate), ProbedHandler(probe)
-        old = DraPlugin(old_handler, standin.paths(), pod_uid="pod-old")
-        new = DraPlugin(new_handler, standin.paths(), pod_uid="pod-new")
+        old = DraPlugin(old_handler, standin.paths(), claims=old_handler, pod_uid="pod-old")
+        new = DraPlugin(new_handler, standin.paths(), claims=new_handler, pod_uid="pod-new")
         await old.start()
         await new.start()
         assert old.registration_socket != new.registration_socket and old.dra_socket != new.dra_socket
-        first = asyncio.ensure_future(plugin_prepare(old, [ClaimRef("ns", "u-old", "c-old")]))
+        first = asyncio.ensure_future(asyncio.to_thread(old.prepare_claims_blocking,
+                                                        [ClaimRef("ns", "u-old", "c-old")]))
         await _entered(old_handler)
-        second = asyncio.ensure_future(plugin_prepare(new, [ClaimRef("ns", "u-new", "c-new")]))
+        second = asyncio.ensure_future(asyncio.to_thread(new.prepare_claims_blocking,
+                                                         [ClaimRef("ns", "u-new", "c-new")]))
         await spy.wait_busy(10)  # the new pod met the old pod's lock
         assert not new_handler.entered.is_set()
         gate.set()

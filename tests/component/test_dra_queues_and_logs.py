@@ -28,10 +28,13 @@ MIB = 1024 * 1024
 class IdleHandler:
     driver_name = "toy.example.com"
 
-    def prefetch_blocking(self, claims: Sequence[ClaimRef], loop: object) -> None:
-        return None
+    def claims_to_read(self, claims: Sequence[ClaimRef], *, locked: bool = False) -> list[ClaimRef]:
+        return []
 
-    def prepare_blocking(self, claims: Sequence[ClaimRef], loop: object, *, prefetched: None = None
+    def read_all(self, claims: Sequence[ClaimRef]) -> dict[str, None]:
+        return {}
+
+    def prepare_blocking(self, claims: Sequence[ClaimRef], reads: object
                          ) -> dict[str, list[PreparedDevice] | Exception]:
         return {c.uid: [] for c in claims}
 
@@ -68,7 +71,8 @@ def test_two_hundred_rejections_with_one_mib_errors_keep_little_and_log_short_li
     async def scenario() -> tuple[int, list[tuple[bool, str]]]:
         standin = KubeletStandIn(short_tmp / "kubelet")
         standin.registry_dir.mkdir(parents=True)
-        plugin = DraPlugin(IdleHandler(), standin.paths(), pod_uid="pod-1")
+        handler = IdleHandler()
+        plugin = DraPlugin(handler, standin.paths(), claims=handler, pod_uid="pod-1")
         await plugin.start()
         try:
             options = [("grpc.max_send_message_length", 4 * MIB)]

@@ -8,16 +8,14 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-import msgspec
 from accel_rig.kubelet_standin import KubeletStandIn, socket_files
 from cdi_oracle import assert_cdi_accepts
+from drarig import DictClaims, claim, running_service
 from hostcache import copy_host
-from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.daemon import DraService
 from accel_core.dra.liveness import NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse
@@ -31,24 +29,10 @@ DRIVER = "neuron.aws.com"
 NODE = "node-a"
 
 
-class Reader:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
-
-    def allocate(self, uid: str, name: str, indices: list[int], config: dict[str, Any] | None = None) -> None:
-        self.claims[("ns", name)] = {
-            "metadata": {"namespace": "ns", "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {
-                "results": [{"request": "neurons", "driver": DRIVER, "pool": NODE, "device": f"neuron-device-{i}"}
-                            for i in indices],
-                "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": config}}] if config
-                else [],
-            }}},
-        }
+def allocate(claims: DictClaims, uid: str, name: str, indices: list[int],
+             config: dict[str, Any] | None = None) -> None:
+    claims.add(claim(name, [f"neuron-device-{i}" for i in indices], driver=DRIVER, uid=uid, request="neurons",
+                     params=[config] if config else []))
 
 
 class Rig:
@@ -58,25 +42,13 @@ class Rig:
                                device_plugins=root / "k" / "device-plugins")
         self.standin = KubeletStandIn(self.paths.kubelet_root)
         self.standin.registry_dir.mkdir(parents=True, exist_ok=True)
-        self.reader = Reader()
+        self.reader = DictClaims()
 
-    @contextlib.asynccontextmanager
-    async def running(self, pod_uid: str = "pod-1", refresh: float = 20.0, registration_wait: float = 0.0,
-                      publisher: Any = None) -> AsyncIterator[DraService]:
-        service = DraService(NeuronProfile(), self.paths, node_name=NODE, client=None, pod_uid=pod_uid,
-                             healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=refresh,
-                             registration_wait=registration_wait)
-        service.driver.reader = self.reader
-        if publisher is not None:
-            service.publisher = publisher  # stands in for the API side, tested elsewhere
-        stop = asyncio.Event()
-        task = asyncio.create_task(service.run(stop))
-        try:
-            await asyncio.wait_for(service.ready.wait(), 10)
-            yield service
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
+    def running(self, pod_uid: str = "pod-1", refresh: float = 20.0, registration_wait: float = 0.0,
+                publisher: Any = None) -> contextlib.AbstractAsyncContextManager[DraService]:
+        return running_service(NeuronProfile(), self.paths, claims=self.reader, publisher=publisher, pod_uid=pod_uid,
+                               healthcheck_port=0, rescan_interval=0.2, health_refresh_seconds=refresh,
+                               registration_wait=registration_wait)
 
 
 async def _spec(paths: HostPaths, uid: str, devices: Any = ()) -> dict[str, Any]:
@@ -104,10 +76,10 @@ def test_prepare_and_unprepare_through_the_dra_socket(short_tmp: Path) -> None:
         async with rig.running() as service:
             conn = await rig.standin.register_dra(DRIVER)
             assert conn.version == "v1.DRAPlugin"
-            rig.reader.allocate("u-row", "row", [4, 5, 6, 7])
-            rig.reader.allocate("u-lnc", "lnc", list(range(8, 16)),
+            allocate(rig.reader, "u-row", "row", [4, 5, 6, 7])
+            allocate(rig.reader, "u-lnc", "lnc", list(range(8, 16)),
                                 {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1})
-            rig.reader.allocate("u-bad", "bad", [0], {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig",
+            allocate(rig.reader, "u-bad", "bad", [0], {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig",
                                                        "logicalNeuronCore": 3})
             resp: Any = await conn.prepare(("ns", "u-row", "row"), ("ns", "u-lnc", "lnc"), ("ns", "u-bad", "bad"))
             assert resp["u-row"].error == ""
@@ -130,7 +102,7 @@ def test_prepare_and_unprepare_through_the_dra_socket(short_tmp: Path) -> None:
                           {"driver": DRIVER, "operation": "prepare", "result": "error"}) == 1
             assert metric("neuron_dra_claim_read_duration_seconds_count") == 3
             # a claim overlapping a prepared one is refused, naming the device
-            rig.reader.allocate("u-dup", "dup", [7])
+            allocate(rig.reader, "u-dup", "dup", [7])
             dup: Any = await conn.prepare(("ns", "u-dup", "dup"))
             assert "neuron-device-7 is already prepared for claim ns/row" in dup["u-dup"].error
             # unprepare: the claim is already gone from the API server
@@ -263,7 +235,7 @@ def test_the_dra_driver_wins_beside_the_device_plugin(short_tmp: Path) -> None:
             assert "neuron-device-3" not in names and "neuron-device-2" in names
             assert service.held == {"neuron-device-3"}
             conn = await rig.standin.register_dra(DRIVER)
-            rig.reader.allocate("u-1", "c1", [0])
+            allocate(rig.reader, "u-1", "c1", [0])
             ok: Any = await conn.prepare(("ns", "u-1", "c1"))
             assert ok["u-1"].error == ""  # the device plugin's socket does not stop the driver
             rig.standin.pod_resources = []  # the old workload ended
@@ -284,7 +256,7 @@ def test_restart_restores_claims_and_lost_specs(short_tmp: Path) -> None:
     async def scenario() -> None:
         async with rig.running(pod_uid="pod-1"):
             conn = await rig.standin.register_dra(DRIVER)
-            rig.reader.allocate("u-1", "c1", [0, 1, 2, 3])
+            allocate(rig.reader, "u-1", "c1", [0, 1, 2, 3])
             first: Any = await conn.prepare(("ns", "u-1", "c1"))
             assert first["u-1"].error == ""
             await conn.close()

@@ -62,14 +62,13 @@ def seed_templates() -> list[dict[str, Any]]:
     return [d for d in docs if d and d["kind"] == "ResourceClaimTemplate"]
 
 
-def explain(control_plane: ControlPlane, namespace: str, target: str) -> dict[str, Any]:
+def explain(control_plane: ControlPlane, namespace: str, target: str, output: str = "json") -> Any:
     out = subprocess.run([sys.executable, "-m", "neuron_dra.dra.cli", "explain", target, "-n", namespace,
-                          "--kubeconfig", str(control_plane.admin_kubeconfig), "-o", "json"],
+                          "--kubeconfig", str(control_plane.admin_kubeconfig), "-o", output],
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
+    return json.loads(out.stdout) if output == "json" else out.stdout
 
 
 def scheduled_node(client: Client, namespace: str, pod: str) -> str | None:
@@ -180,6 +179,9 @@ def test_explain_agrees_with_the_scheduler(control_plane: ControlPlane, kube_cli
             reasons = " ".join(why["nodes"][node]["reasons"])
             if name == "five-connected" and node != trn1:
                 assert "group by value as 4+4+4+4" in reasons and "sizes 1, 4, 8 and 16" in reasons, reasons
+                text = explain(control_plane, namespace, f"pod/{name}-{i}", "text")
+                assert f"node {node}: does not fit\n" in text and "verdict: fits on 0 of 1 node(s)" in text, text
+                print(f"\n{text}")
             if name == "no-match" or (node == trn1 and name in ("1x4-connected-neurons", "all-neurons")):
                 assert "no device matches" in reasons and "rejects 16 (neuron-device-0..15)" in reasons, reasons
             if name == "seventeen":

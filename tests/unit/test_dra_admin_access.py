@@ -13,60 +13,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dracalls import DictClaimReader, prepare_one, unprepare_one
+from drarig import DriverRig, host_paths
 from hostcache import shared_host
 
-from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.checkpoint import read_boot_id
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.profile import DraProfile
-from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
-from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
 
-NODE = "node-a"
 # Each driver on a fake host of its kind; a claim takes the first two devices of the published pool.
 DRIVERS: dict[str, tuple[str, Callable[[], DraProfile[Any, Any]]]] = {
     "neuron.aws.com": ("trn2.48xlarge", NeuronProfile), "efa.aws.com": ("p5.48xlarge", EfaProfile)}
 
 
-class Rig:
+class Rig(DriverRig):
     def __init__(self, tmp_path: Path, driver: str) -> None:
         instance_type, profile_type = DRIVERS[driver]
-        host = shared_host(instance_type)
-        self.driver_name = driver
-        self.paths = HostPaths(host_root=host.root, kubelet_root=tmp_path / "kubelet", cdi_root=tmp_path / "cdi",
-                               device_plugins=tmp_path / "kubelet" / "device-plugins")
-        self.profile = profile_type()
-        scan = self.profile.scan(self.paths, "1.0.0")
-        self.inventory = scan.inventory
-        self.devices = [d.name for d in scan.devices][:2]
-        self.reader = DictClaimReader()
-        self.restart()
-
-    def restart(self) -> None:
-        self.store = ClaimStore(self.paths.plugins_data_dir / self.driver_name / "checkpoint.json",
-                                read_boot_id(self.paths.host_root))
-        self.store.load()
-        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(self.driver_name), CDI_CLASS)
-        self.driver = DraDriver(self.profile, node_name=NODE, reader=self.reader, cdi=self.cdi, store=self.store,
-                                inventory=lambda: self.inventory)
+        super().__init__(host_paths(tmp_path, shared_host(instance_type).root), profile_type())
+        self.devices = self.devices[:2]
 
     def claim(self, name: str, *, admin: bool, devices: list[str] | None = None) -> ClaimRef:
-        results = [{"request": "all" if admin else "work", "driver": self.driver_name, "pool": NODE, "device": d,
-                    **({"adminAccess": True} if admin else {})} for d in devices or self.devices]
-        uid = f"uid-{name}"
-        self.reader.claims[("ns", name)] = {"metadata": {"namespace": "ns", "name": name, "uid": uid},
-                                            "status": {"allocation": {"devices": {"results": results}}}}
-        return ClaimRef("ns", uid, name)
+        return self.add(name, devices or self.devices, request="all" if admin else "work", admin=admin)
 
-    def prepare(self, ref: ClaimRef) -> list[str]:
-        return [d.device for d in prepare_one(self.driver, ref)]
-
-    def unprepare(self, ref: ClaimRef) -> None:
-        unprepare_one(self.driver, ref)
+    def prepare_devices(self, ref: ClaimRef) -> list[str]:
+        return [d.device for d in self.prepare_one(ref)]
 
 
 @pytest.fixture(params=sorted(DRIVERS))
@@ -78,28 +48,28 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Rig:
 def test_admin_claim_is_prepared_beside_the_workload_in_either_order(rig: Rig, admin_first: bool) -> None:
     admin, work = rig.claim("watch-all", admin=True), rig.claim("eight-or-four", admin=False)
     for ref in ([admin, work] if admin_first else [work, admin]):
-        assert rig.prepare(ref) == rig.devices
+        assert rig.prepare_devices(ref) == rig.devices
     assert rig.cdi.exists(admin.uid) and rig.cdi.exists(work.uid)
 
 
 def test_admin_claim_does_not_let_two_workloads_share_a_device(rig: Rig) -> None:
-    rig.prepare(rig.claim("watch-all", admin=True))
-    rig.prepare(rig.claim("first", admin=False))
+    rig.prepare_devices(rig.claim("watch-all", admin=True))
+    rig.prepare_devices(rig.claim("first", admin=False))
     with pytest.raises(ClaimError, match=f"device {rig.devices[0]} is already prepared for claim ns/first"):
-        rig.prepare(rig.claim("second", admin=False))
+        rig.prepare_devices(rig.claim("second", admin=False))
 
 
 def test_two_admin_claims_share_devices(rig: Rig) -> None:
-    assert rig.prepare(rig.claim("watch-a", admin=True)) == rig.devices
-    assert rig.prepare(rig.claim("watch-b", admin=True)) == rig.devices
+    assert rig.prepare_devices(rig.claim("watch-a", admin=True)) == rig.devices
+    assert rig.prepare_devices(rig.claim("watch-b", admin=True)) == rig.devices
 
 
 @pytest.mark.parametrize("gone", ["admin", "work"])
 def test_unprepare_of_either_leaves_the_other_intact(rig: Rig, gone: str) -> None:
     refs = {"admin": rig.claim("watch-all", admin=True), "work": rig.claim("eight-or-four", admin=False)}
     for ref in refs.values():
-        rig.prepare(ref)
-    rig.unprepare(refs[gone])
+        rig.prepare_devices(ref)
+    rig.unprepare_one(refs[gone])
     kept = refs["work" if gone == "admin" else "admin"]
     assert not rig.cdi.exists(refs[gone].uid) and rig.store.get(refs[gone].uid) is None
     assert rig.cdi.exists(kept.uid) and rig.store.get(kept.uid) is not None
@@ -109,19 +79,19 @@ def test_unprepare_of_either_leaves_the_other_intact(rig: Rig, gone: str) -> Non
 
 def test_admin_access_survives_a_restart(rig: Rig) -> None:
     admin = rig.claim("watch-all", admin=True)
-    rig.prepare(admin)
+    rig.prepare_devices(admin)
     rig.restart()  # a new process reads the checkpoint (snapshot and journal) from disk
     entry = rig.store.get(admin.uid)
     assert entry is not None and [r.admin_access for r in entry.requests] == [True]
     assert entry.held_devices == ()
-    assert rig.prepare(rig.claim("work", admin=False)) == rig.devices  # still holds nothing after the restart
+    assert rig.prepare_devices(rig.claim("work", admin=False)) == rig.devices  # still holds nothing after the restart
     assert [r.admin_access for r in rig.store.get(admin.uid).requests] == [True]  # type: ignore[union-attr]
 
 
 def test_checkpoint_entry_names_admin_access_only_when_set(rig: Rig) -> None:
     admin, work = rig.claim("watch-all", admin=True), rig.claim("work", admin=False)
-    rig.prepare(admin)
-    rig.prepare(work)
+    rig.prepare_devices(admin)
+    rig.prepare_devices(work)
     admin_entry, work_entry = rig.store.get(admin.uid), rig.store.get(work.uid)
     assert admin_entry is not None and work_entry is not None
     assert [r.get("adminAccess") for r in admin_entry.to_json()["requests"]] == [True]

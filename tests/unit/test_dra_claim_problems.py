@@ -11,21 +11,20 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from dracalls import prepare_one
+from drarig import DriverRig, host_paths
 from hostcache import copy_host, shared_host
 from lightkube import ApiError
 from lightkube.resources.events_v1 import Event
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimreport import (
     ClaimProblem,
     PodRef,
@@ -34,15 +33,12 @@ from accel_core.dra.claimreport import (
     health_status_patch,
     problem_status_patch,
 )
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim, PreparedRequest
 from accel_core.dra.reporter import ClaimReporter
 from accel_core.dra.status import status_patch
-from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceStatusData
 from accel_core.fakehost.host import FakeHost
 from accel_core.health import DeviceHealth
-from accel_core.paths import HostPaths
 from neuron_dra.dra.profile import NeuronProfile
 
 NODE = "node-a"
@@ -52,44 +48,22 @@ CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # me
 POD = {"resource": "pods", "name": "user", "uid": "pod-uid-1"}
 
 
-class Rig:
-    """A Neuron driver on a trn2.48xlarge tree whose problem and status sinks collect what they are handed."""
+class Rig(DriverRig):
+    """A Neuron driver on a trn2.48xlarge tree whose notices keep what they are told."""
 
-    def __init__(self, tmp_path: Path, host: FakeHost) -> None:
-        self.host = host
-        self.paths = HostPaths(host_root=host.root, kubelet_root=tmp_path / "kubelet", cdi_root=tmp_path / "cdi",
-                               device_plugins=tmp_path / "kubelet" / "device-plugins")
-        self.profile = NeuronProfile()
-        self.scan = self.profile.scan(self.paths, "1.0.0")
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.problems: list[ClaimProblem] = []
-        self.prepared: list[PreparedClaim] = []
-        self.store = ClaimStore(self.paths.plugins_data_dir / DRIVER / "checkpoint.json",
-                                read_boot_id(self.paths.host_root))
-        self.store.load()
-        cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
-        self.driver = DraDriver(self.profile, node_name=NODE, reader=self, cdi=cdi, store=self.store,
-                                inventory=lambda: self.scan.inventory, status_sink=self.prepared.extend,
-                                problem_sink=self.problems.extend)
-        self.driver.set_health({d.name: self.scan.health.get(d.name, DeviceHealth(True)) for d in self.scan.devices})
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)
+    def __init__(self, tmp_path: Path, host: FakeHost, *, blocked: Callable[[], str | None] | None = None) -> None:
+        super().__init__(host_paths(tmp_path, host.root), NeuronProfile(), blocked=blocked)
+        self.problems = self.notices.problems
+        self.prepared = self.notices.claims
 
     def claim(self, name: str, devices: list[str], params: dict[str, Any] | None = None, *,
               driver: str = DRIVER, reserved: list[dict[str, str]] | None = None) -> ClaimRef:
-        results = [{"request": "r", "driver": driver, "pool": NODE, "device": d} for d in devices]
-        config = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": params}}] if params else []
-        self.claims[("ns", name)] = {
-            "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
-            "status": {"allocation": {"devices": {"results": results, "config": config}},
-                       "reservedFor": [POD] if reserved is None else reserved}}
-        return ClaimRef("ns", f"uid-{name}", name)
+        return self.add(name, devices, driver=driver, params=[params] if params else [],
+                        reserved=[POD] if reserved is None else reserved)
 
     def fail(self, ref: ClaimRef) -> ClaimError:
         with pytest.raises(ClaimError) as failed:
-            prepare_one(self.driver, ref)
+            self.prepare_one(ref)
         return failed.value
 
 
@@ -125,7 +99,7 @@ def test_reasons_name_the_cause(tmp_path: Path) -> None:
     host = copy_host(tmp_path / "host", "trn2.48xlarge")
     host.remove_dev_node("/dev/neuron5")  # the Neuron health rule: /dev node gone
     rig = Rig(tmp_path, host)
-    prepare_one(rig.driver, rig.claim("holder", ["neuron-device-0"]))
+    rig.prepare_one(rig.claim("holder", ["neuron-device-0"]))
     rig.fail(rig.claim("clash", ["neuron-device-0"]))
     rig.fail(rig.claim("stranger", ["neuron-device-99"]))
     rig.fail(rig.claim("sick", ["neuron-device-5"]))
@@ -135,8 +109,8 @@ def test_reasons_name_the_cause(tmp_path: Path) -> None:
 
 
 def test_a_guarded_node_is_a_problem_of_its_own(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, shared_host("trn2.48xlarge"))
-    rig.driver._blocked = lambda: "the Neuron device plugin is running on this node"
+    guard = "the Neuron device plugin is running on this node"
+    rig = Rig(tmp_path, shared_host("trn2.48xlarge"), blocked=lambda: guard)
     rig.fail(rig.claim("guarded", ["neuron-device-0"]))
     assert [(p.reason, p.cause) for p in rig.problems] == [
         ("DevicePluginActive", "the Neuron device plugin is running on this node")]
@@ -147,7 +121,7 @@ def test_no_problem_without_an_allocated_device_of_this_driver_here(tmp_path: Pa
     rig.fail(rig.claim("other", ["d0"], driver="efa.aws.com"))  # the API server would refuse such an entry
     rig.fail(ClaimRef("ns", "uid-missing", "missing"))  # not in the API server
     unallocated = rig.claim("unallocated", ["neuron-device-0"])
-    del rig.claims[("ns", "unallocated")]["status"]["allocation"]
+    del rig.claims.claims[("ns", "unallocated")]["status"]["allocation"]
     rig.fail(unallocated)
     assert rig.problems == []
 

@@ -16,22 +16,17 @@ from typing import Any
 
 import msgspec
 import pytest
-from dracalls import prepare_one
+from drarig import DriverRig, host_paths
 from hostcache import shared_host
 from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 from neuron_listings import TRN2_48XLARGE_GUIDE
 
-from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.checkpoint import read_boot_id
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.status import DeviceStatusWriter, status_patch
-from accel_core.dra.store import ClaimStore
-from accel_core.dra.types import ClaimError, ClaimRef, DeviceStatusData
-from accel_core.paths import HostPaths
+from accel_core.dra.types import ClaimError, DeviceStatusData
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
 
@@ -40,51 +35,24 @@ LNC1 = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuro
 NOW = datetime(2026, 12, 3, 17, 0, 0, tzinfo=UTC)
 
 
-class Rig:
-    """A driver whose status sink collects what it is handed."""
+def make_rig(tmp_path: Path, profile: DraProfile[Any, Any], instance_type: str) -> DriverRig:
+    """A driver whose notices keep the claims it prepared."""
+    return DriverRig(host_paths(tmp_path, shared_host(instance_type).root), profile)
 
-    def __init__(self, tmp_path: Path, profile: DraProfile[Any, Any], instance_type: str) -> None:
-        host = shared_host(instance_type)
-        self.paths = HostPaths(host_root=host.root, kubelet_root=tmp_path / "kubelet", cdi_root=tmp_path / "cdi",
-                               device_plugins=tmp_path / "kubelet" / "device-plugins")
-        self.profile = profile
-        self.inventory = profile.scan(self.paths, "1.0.0").inventory
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.sunk: list[PreparedClaim] = []
-        store = ClaimStore(self.paths.plugins_data_dir / profile.driver_name / "checkpoint.json",
-                           read_boot_id(self.paths.host_root))
-        store.load()
-        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(profile.driver_name), CDI_CLASS)
-        self.driver = DraDriver(profile, node_name=NODE, reader=self, cdi=self.cdi, store=store,
-                                inventory=lambda: self.inventory, status_sink=self.sunk.extend)
 
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)
-
-    def claim(self, name: str, devices: list[str], configs: list[dict[str, Any]] | None = None) -> ClaimRef:
-        results = [{"request": "r", "driver": self.profile.driver_name, "pool": NODE, "device": d} for d in devices]
-        config = [{"source": "FromClaim", "opaque": {"driver": self.profile.driver_name, "parameters": c}}
-                  for c in configs or []]
-        self.claims[("ns", name)] = {"metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
-                                     "status": {"allocation": {"devices": {"results": results, "config": config}}}}
-        return ClaimRef("ns", f"uid-{name}", name)
-
-    def prepare(self, ref: ClaimRef) -> None:
-        prepare_one(self.driver, ref)
-
-    def status(self) -> dict[str, dict[str, Any]]:
-        (claim,) = self.sunk
-        return {e["device"]: e for e in status_patch(claim, self.profile.driver_name, NOW)["status"]["devices"]}
+def status_of(rig: DriverRig) -> dict[str, dict[str, Any]]:
+    """The status body of the one claim prepared, by device."""
+    (claim,) = rig.notices.claims
+    return {e["device"]: e for e in status_patch(claim, rig.driver_name, NOW)["status"]["devices"]}
 
 
 @pytest.mark.parametrize(("configs", "cores", "lnc"), [(None, ["0-3", "4-7"], 2), ([LNC1], ["0-7", "8-15"], 1)],
                          ids=["lnc-default-2", "lnc-1"])
 def test_neuron_status_names_index_bdf_cores_and_lnc(tmp_path: Path, configs: list[dict[str, Any]] | None,
                                                      cores: list[str], lnc: int) -> None:
-    rig = Rig(tmp_path, NeuronProfile(), "trn2.48xlarge")
-    rig.prepare(rig.claim("two", ["neuron-device-9", "neuron-device-8"], configs))
-    status = rig.status()
+    rig = make_rig(tmp_path, NeuronProfile(), "trn2.48xlarge")
+    rig.prepare_one(rig.add("two", ["neuron-device-9", "neuron-device-8"], params=configs or []))
+    status = status_of(rig)
     assert sorted(status) == ["neuron-device-8", "neuron-device-9"]
     for index, visible in zip((8, 9), cores, strict=True):  # the container sees 8 first, then 9
         data = status[f"neuron-device-{index}"]["data"]
@@ -94,10 +62,10 @@ def test_neuron_status_names_index_bdf_cores_and_lnc(tmp_path: Path, configs: li
 
 
 def test_efa_status_names_the_rdma_device_and_uverbs_node(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, EfaProfile(), "p5.48xlarge")
+    rig = make_rig(tmp_path, EfaProfile(), "p5.48xlarge")
     names = [d.name for d in rig.profile.scan(rig.paths, "1.0.0").devices][:2]
-    rig.prepare(rig.claim("two", names))
-    status = rig.status()
+    rig.prepare_one(rig.add("two", names))
+    status = status_of(rig)
     sysfs = rig.paths.host_root / "sys" / "class" / "infiniband_verbs"
     for name in names:
         data = status[name]["data"]
@@ -110,9 +78,9 @@ def test_efa_status_names_the_rdma_device_and_uverbs_node(tmp_path: Path) -> Non
 
 
 def test_the_apply_body_is_this_drivers_entries_with_a_ready_condition(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, NeuronProfile(), "trn2.48xlarge")
-    rig.prepare(rig.claim("one", ["neuron-device-3"]))
-    body = status_patch(rig.sunk[0], "neuron.aws.com", NOW)
+    rig = make_rig(tmp_path, NeuronProfile(), "trn2.48xlarge")
+    rig.prepare_one(rig.add("one", ["neuron-device-3"]))
+    body = status_patch(rig.notices.claims[0], "neuron.aws.com", NOW)
     assert (body["apiVersion"], body["kind"]) == ("resource.k8s.io/v1", "ResourceClaim")
     assert body["metadata"] == {"name": "one", "namespace": "ns", "uid": "uid-one"}  # the UID: a precondition
     (entry,) = body["status"]["devices"]
@@ -124,13 +92,13 @@ def test_the_apply_body_is_this_drivers_entries_with_a_ready_condition(tmp_path:
 
 
 def test_only_newly_prepared_claims_reach_the_sink(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, NeuronProfile(), "trn2.48xlarge")
-    first = rig.claim("first", ["neuron-device-0"])
-    rig.prepare(first)
-    rig.prepare(first)  # answered again from the checkpoint: its status was written the first time
+    rig = make_rig(tmp_path, NeuronProfile(), "trn2.48xlarge")
+    first = rig.add("first", ["neuron-device-0"])
+    rig.prepare_one(first)
+    rig.prepare_one(first)  # answered again from the checkpoint: its status was written the first time
     with pytest.raises(ClaimError):
-        rig.prepare(rig.claim("clash", ["neuron-device-0"]))
-    assert [c.name for c in rig.sunk] == ["first"]
+        rig.prepare_one(rig.add("clash", ["neuron-device-0"]))
+    assert [c.name for c in rig.notices.claims] == ["first"]
 
 
 # -- the writer ------------------------------------------------------------------------------------------------------

@@ -16,74 +16,33 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
-from dracalls import plugin_prepare
+from drarig import DriverRig, host_paths
+from drarig import claim as api_claim
 from hostcache import copy_host
-from lightkube import AsyncClient, KubeConfig
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube import Client, KubeConfig
 
-from accel_core.dra.cdi import CdiSpecWriter
 from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
 from accel_core.dra.claimget import DirectClaimGet
-from accel_core.dra.claims import ApiClaimReader
+from accel_core.dra.claims import ClaimGet, ClaimReader, LightkubeClaimGet
 from accel_core.dra.cleanup import StaleClaimCleaner
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.pluginserver import DraPlugin
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
-from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
-from accel_core.paths import HostPaths
-from neuron_dra.discovery import discover
 from neuron_dra.dra.profile import NeuronProfile
 
 NODE = "node-a"
 DRIVER = "neuron.aws.com"
 
 
-def claim(ns: str, name: str, uid: str, devices: list[int], *, request: str = "r") -> dict[str, Any]:
-    return {"metadata": {"namespace": ns, "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": request, "driver": DRIVER, "pool": NODE, "device": f"neuron-device-{i}"}
-                for i in devices]}}}}
+def claim(ns: str, name: str, uid: str, devices: list[int]) -> dict[str, Any]:
+    return api_claim(name, [f"neuron-device-{i}" for i in devices], driver=DRIVER, uid=uid, namespace=ns)
 
 
-class RecordingReader:
-    """Claims by (namespace, name); records every read it is asked for."""
-
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.asked: list[tuple[str, str]] = []
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        self.asked.append((namespace, name))
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
-
-
-class Rig:
+class Rig(DriverRig):
     def __init__(self, root: Path) -> None:
         copy_host(root / "host", "inf2.48xlarge")
-        self.paths = HostPaths(host_root=root / "host", kubelet_root=root / "kubelet", cdi_root=root / "cdi",
-                               device_plugins=root / "kubelet" / "device-plugins")
-        self.inventory = discover(self.paths)
-        self.reader = RecordingReader()
-        self.checkpoint = self.paths.plugins_data_dir / DRIVER / "checkpoint.json"
-        self.start()
-
-    def start(self) -> None:
-        self.store = ClaimStore(self.checkpoint, read_boot_id(self.paths.host_root))
-        self.store.load()
-        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
-        self.driver = DraDriver(NeuronProfile(), node_name=NODE, reader=self.reader, cdi=self.cdi,
-                                store=self.store, inventory=lambda: self.inventory)
-        self.plugin = DraPlugin(self.driver, self.paths)
-
-    def prepare(self, *refs: ClaimRef) -> dict[str, tuple[list[Any], str]]:
-        return asyncio.run(plugin_prepare(self.plugin, list(refs)))
-
-    def unprepare(self, *refs: ClaimRef) -> dict[str, tuple[list[Any], str]]:
-        return asyncio.run(self.plugin.unprepare_claims(list(refs)))
+        super().__init__(host_paths(root, root / "host"), NeuronProfile())
 
 
 @pytest.fixture
@@ -106,19 +65,19 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("ref", "message"), HOSTILE)
 def test_a_hostile_reference_fails_alone_before_any_read_or_record(rig: Rig, ref: ClaimRef, message: str) -> None:
-    rig.reader.claims[("ns", "good")] = claim("ns", "good", "u-good", [0])
-    rig.reader.claims[(ref.namespace, ref.name)] = claim(ref.namespace, ref.name, ref.uid, [1])
-    out = rig.prepare(ref, ClaimRef("ns", "u-good", "good"))
+    rig.claims.claims[("ns", "good")] = claim("ns", "good", "u-good", [0])
+    rig.claims.claims[(ref.namespace, ref.name)] = claim(ref.namespace, ref.name, ref.uid, [1])
+    out = rig.answer(ref, ClaimRef("ns", "u-good", "good"))
     devices, error = out[ref.uid]
     assert devices == [] and "invalid claim reference: " + message in error
     assert len(error) < 400, "messages stay short whatever the input"
     assert out["u-good"][1] == "" and [d.device for d in out["u-good"][0]] == ["neuron-device-0"]
-    assert rig.reader.asked == [("ns", "good")], "the hostile claim was never read"
+    assert rig.claims.asked == [("ns", "good")], "the hostile claim was never read"
     assert [c.uid for c in rig.store.claims()] == ["u-good"]
     assert sorted(p.name for p in rig.paths.cdi_root.iterdir()) == ["k8s.neuron.aws.com-claim_u-good.json"]
     # the device the hostile claim named is free for a real claim
-    rig.reader.claims[("ns", "next")] = claim("ns", "next", "u-next", [1])
-    assert rig.prepare(ClaimRef("ns", "u-next", "next"))["u-next"][1] == ""
+    rig.claims.claims[("ns", "next")] = claim("ns", "next", "u-next", [1])
+    assert rig.answer(ClaimRef("ns", "u-next", "next"))["u-next"][1] == ""
 
 
 def test_the_api_reader_refuses_unchecked_names_without_a_request() -> None:
@@ -128,19 +87,19 @@ def test_the_api_reader_refuses_unchecked_names_without_a_request() -> None:
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"})
 
-    async def read(namespace: str, name: str) -> str:
-        client = AsyncClient(config)
+    def read(namespace: str, name: str) -> str:
+        get = LightkubeClaimGet(Client(config))
         try:
-            await ApiClaimReader(client).read(namespace, name)
+            ClaimReader(get).read(namespace, name)
         except ClaimError as exc:
             return str(exc)
         finally:
-            await client.close()
+            get.close()
         return "no error"
 
-    assert asyncio.run(read("..", "nodes")) == "invalid claim reference: namespace '..' is not a DNS-1123 label"
-    assert "transport" not in asyncio.run(read("ns", "../../nodes"))
-    assert "reading the claim from the API server failed" in asyncio.run(read("ns", "fine"))
+    assert read("..", "nodes") == "invalid claim reference: namespace '..' is not a DNS-1123 label"
+    assert "transport" not in read("ns", "../../nodes")
+    assert "reading the claim from the API server failed" in read("ns", "fine")
 
 
 @pytest.mark.parametrize(("result", "message"), [
@@ -151,8 +110,8 @@ def test_the_api_reader_refuses_unchecked_names_without_a_request() -> None:
 def test_hostile_allocation_results_record_nothing(rig: Rig, result: dict[str, Any], message: str) -> None:
     data = claim("ns", "c", "u-1", [])
     data["status"]["allocation"]["devices"]["results"] = [{"driver": DRIVER, "pool": NODE, **result}]
-    rig.reader.claims[("ns", "c")] = data
-    _, error = rig.prepare(ClaimRef("ns", "u-1", "c"))["u-1"]
+    rig.claims.claims[("ns", "c")] = data
+    _, error = rig.answer(ClaimRef("ns", "u-1", "c"))["u-1"]
     assert message in error
     assert rig.store.claims() == [] and not rig.paths.cdi_root.exists()
 
@@ -208,23 +167,20 @@ MALFORMED = [  # the path is where the ResourceClaim schema (resource.k8s.io/v1)
 @pytest.mark.parametrize(("body", "where"), MALFORMED)
 def test_a_malformed_claim_from_the_api_server_is_a_claim_error(rig: Rig, body: bytes, where: str,
                                                                  direct: bool) -> None:
-    async def prepare(config: KubeConfig) -> dict[str, tuple[list[Any], str]]:
-        client = AsyncClient(config)
+    def prepare(config: KubeConfig) -> dict[str, tuple[list[Any], str]]:
         single = config.get()
         assert single is not None
-        get = DirectClaimGet.from_config(single, keepalive=60) if direct else None
-        assert get is not None or not direct
+        get: ClaimGet | None = DirectClaimGet.from_config(single, keepalive=60) if direct else LightkubeClaimGet(
+            Client(config))
+        assert get is not None
         try:
-            driver = DraDriver(NeuronProfile(), node_name=NODE, reader=ApiClaimReader(client, get), cdi=rig.cdi,
-                               store=rig.store, inventory=lambda: rig.inventory)
-            return await plugin_prepare(DraPlugin(driver, rig.paths), [ClaimRef("ns", "u-1", "c")])
+            return DraPlugin(rig.driver, rig.paths, claims=ClaimReader(get)).prepare_claims_blocking(
+                [ClaimRef("ns", "u-1", "c")])
         finally:
-            await client.close()
-            if get is not None:
-                get.close()
+            get.close()
 
     with api_server_sending(body) as config:
-        devices, error = asyncio.run(prepare(config))["u-1"]
+        devices, error = prepare(config)["u-1"]
     assert devices == [] and "the API server sent a malformed claim" in error and where in error
     assert "ns/c" in error and "internal error" not in error
     assert rig.store.claims() == [] and not rig.paths.cdi_root.exists()
@@ -235,18 +191,18 @@ def poison(rig: Rig, uid: str, name: str, device: int) -> None:
     entry = {"state": "PrepareStarted", "namespace": "ns", "name": name, "pool": NODE,
              "requests": [{"name": "r", "devices": [f"neuron-device-{device}"], "deviceEdits": {}, "edits": {}}]}
     CheckpointFile(rig.checkpoint).save(Checkpoint(read_boot_id(rig.paths.host_root), {uid: entry}))
-    rig.start()
+    rig.restart()
 
 
 @pytest.mark.parametrize("uid", ["bad\x00uid", "u" * 300, "../../etc"])
 def test_unprepare_always_clears_an_entry_and_frees_its_devices(rig: Rig, uid: str) -> None:
     poison(rig, uid, "c", 2)
-    rig.reader.claims[("ns", "other")] = claim("ns", "other", "u-other", [2])
-    assert "already prepared" in rig.prepare(ClaimRef("ns", "u-other", "other"))["u-other"][1]
-    assert rig.unprepare(ClaimRef("ns", uid, "c"))[uid][1] == ""
+    rig.claims.claims[("ns", "other")] = claim("ns", "other", "u-other", [2])
+    assert "already prepared" in rig.answer(ClaimRef("ns", "u-other", "other"))["u-other"][1]
+    assert rig.unanswer(ClaimRef("ns", uid, "c"))[uid][1] == ""
     assert rig.store.claims() == []
     assert CheckpointFile(rig.checkpoint).load().claims == {}
-    assert rig.prepare(ClaimRef("ns", "u-other", "other"))["u-other"][1] == ""
+    assert rig.answer(ClaimRef("ns", "u-other", "other"))["u-other"][1] == ""
 
 
 def test_cleanup_clears_entries_no_api_object_can_match(rig: Rig) -> None:
@@ -258,4 +214,4 @@ def test_cleanup_clears_entries_no_api_object_can_match(rig: Rig) -> None:
         return [(c.ref.uid, c.staleness.reason) for c in await cleaner.clean_once()]
 
     assert asyncio.run(clean()) == [("u-1", "invalid")]
-    assert rig.reader.asked == [] and rig.store.claims() == []
+    assert rig.claims.asked == [] and rig.store.claims() == []

@@ -10,23 +10,17 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from cdi_oracle import assert_cdi_accepts
-from dracalls import prepare_one, unprepare_one
+from drarig import DriverRig
 from hostcache import copy_host, shared_host
-from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.awsfacts import catalog
 from accel_core.deviceplugin.daemon import DevicePluginService
-from accel_core.dra.cdi import CdiSpecWriter
-from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.config import ConfigError
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.profile import tainted
 from accel_core.dra.slicemodel import SliceDevice, Version, validate_devices
-from accel_core.dra.store import ClaimStore
-from accel_core.dra.types import ClaimError, ClaimRef
+from accel_core.dra.types import ClaimError
 from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from efa_plugin.daemon import PLUGIN
@@ -200,43 +194,15 @@ def test_config_is_strict(params: Any, pattern: str) -> None:
 
 
 # -- prepare through the core handler --------------------------------------------------------------------------------
-class Reader:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def add(self, uid: str, devices: list[str], request: str = "efa",
-            config: dict[str, Any] | None = None) -> ClaimRef:
-        self.claims[("ns", f"c-{uid}")] = {
-            "metadata": {"namespace": "ns", "name": f"c-{uid}", "uid": uid},
-            "status": {"allocation": {"devices": {
-                "results": [{"request": request, "driver": DRIVER, "pool": NODE, "device": d} for d in devices],
-                "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": config}}]
-                if config else []}}}}
-        return ClaimRef("ns", uid, f"c-{uid}")
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
-
-
-def make_driver(paths: HostPaths, reader: Reader) -> tuple[DraDriver, CdiSpecWriter]:
-    profile = EfaProfile()
-    scan = profile.scan(paths, "1.2.3")
-    store = ClaimStore(paths.plugins_data_dir / DRIVER / "checkpoint.json", read_boot_id(paths.host_root))
-    store.load()
-    cdi = CdiSpecWriter(paths.cdi_root, cdi_vendor(DRIVER), CDI_CLASS)
-    return DraDriver(profile, node_name=NODE, reader=reader, cdi=cdi, store=store,
-                     inventory=lambda: scan.inventory), cdi
-
-
 def test_prepare_writes_uverbs_and_rdma_cm(tmp_path: Path) -> None:
     fake, paths = host(tmp_path, "p5.48xlarge")
-    reader = Reader()
-    driver, cdi = make_driver(paths, reader)
+    rig = DriverRig(paths, EfaProfile())
+    cdi = rig.cdi
     # one PCIe root of p5: rdmap79s0..rdmap82s0 = buses 4f..52 (efa.md 2.2)
     names = [f"efa-0000-{bus}-00-0" for bus in ("4f", "50", "51", "52")]
-    ref = reader.add("u-1", names, config={"apiVersion": "efa.aws.com/v1", "kind": "EfaConfig"})
-    devices = prepare_one(driver, ref)
+    ref = rig.add("c-u-1", names, uid="u-1", request="efa", params=[{"apiVersion": "efa.aws.com/v1",
+                                                                    "kind": "EfaConfig"}])
+    devices = rig.prepare_one(ref)
     assert [d.device for d in devices] == names
     assert devices[0].cdi_device_ids == ("k8s.efa.aws.com/claim=u-1-efa-0000-4f-00-0",
                                          "k8s.efa.aws.com/claim=u-1-request-efa")
@@ -251,18 +217,17 @@ def test_prepare_writes_uverbs_and_rdma_cm(tmp_path: Path) -> None:
     minor = 192 + int(uverbs.removeprefix("uverbs"))  # ib_uverbs: major 231, minors from 192
     assert first == [{"path": f"/dev/infiniband/{uverbs}", "permissions": "rw", "type": "c", "major": 231,
                       "minor": minor}]
-    assert prepare_one(driver, ref) == devices, "idempotent"
-    other = reader.add("u-2", [names[3]])
+    assert rig.prepare_one(ref) == devices, "idempotent"
+    other = rig.add("c-u-2", [names[3]], uid="u-2", request="efa")
     with pytest.raises(ClaimError, match="efa-0000-52-00-0 is already prepared for claim ns/c-u-1"):
-        prepare_one(driver, other)
-    unprepare_one(driver, ref)
-    unprepare_one(driver, ref)
-    assert not cdi.exists("u-1") and prepare_one(driver, other)[0].device == names[3]
+        rig.prepare_one(other)
+    rig.unprepare_one(ref)
+    rig.unprepare_one(ref)
+    assert not cdi.exists("u-1") and rig.prepare_one(other)[0].device == names[3]
 
 
 def test_prepare_refuses_unknown_and_vanished_devices(tmp_path: Path) -> None:
     fake, paths = host(tmp_path, "p5.48xlarge")
-    reader = Reader()
     profile = EfaProfile()
     profile.scan(paths, "1.2.3")
     fake.remove_efa("rdmap79s0")
@@ -271,7 +236,6 @@ def test_prepare_refuses_unknown_and_vanished_devices(tmp_path: Path) -> None:
         profile.container_edits(inv, "r", ["efa-0000-4f-00-0"], EfaConfig())
     with pytest.raises(ClaimError, match="efa-0000-ff-00-0 .*is not an EFA of this node"):
         profile.container_edits(inv, "r", ["efa-0000-ff-00-0"], EfaConfig())
-    assert reader.claims == {}
 
 
 # -- coexistence -----------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dracalls import configs
+from drarig import configs
 from lightkube.models.resource_v1 import DeviceAllocationConfiguration, OpaqueDeviceConfiguration
 
 from accel_core.dra.config import ConfigError, OpaqueEntry

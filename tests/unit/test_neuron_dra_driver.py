@@ -12,29 +12,24 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from cdi_oracle import assert_cdi_accepts
-from dracalls import plugin_prepare, prepare, prepare_one, unprepare_one
+from drarig import DriverRig, host_paths
+from drarig import claim as api_claim
 from hostcache import copy_host, shared_host
 from lightkube.resources.resource_v1 import ResourceClaim
 from prometheus_client import CollectorRegistry
 
 from accel_core import atomic
 from accel_core.dra import checkpoint
-from accel_core.dra.cdi import CdiError, CdiSpecWriter
+from accel_core.dra.cdi import CdiError
 from accel_core.dra.checkpoint import Checkpoint, CheckpointFile, read_boot_id
 from accel_core.dra.cleanup import StaleClaimCleaner
 from accel_core.dra.metrics import DriverMetrics
-from accel_core.dra.pluginserver import DraPlugin
-from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import STATE_COMPLETED, STATE_STARTED
-from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import ClaimError, ClaimRef
 from accel_core.edits import ContainerEdits
 from accel_core.fakehost import FakeHost
-from accel_core.paths import HostPaths
-from neuron_dra.discovery import NeuronInventory, discover
 from neuron_dra.dra.profile import NeuronProfile
 from neuron_dra.edits import CoreNumbering
 
@@ -44,69 +39,24 @@ LNC1 = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuro
 
 def make_claim(uid: str, devices: list[int], *, name: str | None = None, request: str = "neurons",
                configs: list[dict[str, Any]] | None = None, pool: str = NODE) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": "ns", "name": name or f"claim-{uid}", "uid": uid},
-        "status": {"allocation": {"devices": {
-            "results": [{"request": request, "driver": "neuron.aws.com", "pool": pool, "device": f"neuron-device-{i}"}
-                        for i in devices],
-            "config": configs or [],
-        }}},
-    }
+    return api_claim(name or f"claim-{uid}", [f"neuron-device-{i}" for i in devices], driver="neuron.aws.com",
+                     uid=uid, request=request, configs=configs or [], pool=pool)
 
 
-class FakeReader:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.reads = 0
-
-    def add(self, claim: dict[str, Any]) -> ClaimRef:
-        meta = claim["metadata"]
-        self.claims[(meta["namespace"], meta["name"])] = claim
-        return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
-
-    async def read(self, namespace: str, name: str) -> ResourceClaim | None:
-        return self.read_blocking(namespace, name)
-
-    def read_blocking(self, namespace: str, name: str) -> ResourceClaim | None:
-        """As the direct GET reads (a one-claim prepare reads from its worker thread; a batch from the loop)."""
-        self.reads += 1
-        found = self.claims.get((namespace, name))
-        return None if found is None else msgspec.convert(found, ResourceClaim)  # as lightkube decodes it
-
-
-class Rig:
+class Rig(DriverRig):
     """A fake host plus a driver wired to it; ``restart()`` builds a new driver on the same files."""
 
     def __init__(self, root: Path, instance_type: str = "trn2.48xlarge", *, own_host: bool = False,
                  core_numbering: CoreNumbering = "container") -> None:
-        self.core_numbering: CoreNumbering = core_numbering
         # The driver writes only below kubelet/ and cdi/: a test that changes the host asks for its own copy.
         self.host: FakeHost = copy_host(root / "host", instance_type) if own_host else shared_host(instance_type)
-        self.paths = HostPaths(host_root=self.host.root, kubelet_root=root / "kubelet", cdi_root=root / "cdi",
-                               device_plugins=root / "kubelet" / "device-plugins")
-        self.reader = FakeReader()
-        self.inventory: NeuronInventory = discover(self.paths)
-        self.restart()
+        super().__init__(host_paths(root, self.host.root), NeuronProfile(core_numbering=core_numbering))
 
-    def restart(self) -> None:
-        self.store = ClaimStore(self.paths.plugins_data_dir / "neuron.aws.com" / "checkpoint.json",
-                                read_boot_id(self.paths.host_root))
-        self.loaded = self.store.load()
-        self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor("neuron.aws.com"), CDI_CLASS)
-        self.driver = DraDriver(NeuronProfile(core_numbering=self.core_numbering), node_name=NODE, reader=self.reader,
-                                cdi=self.cdi, store=self.store,
-                                inventory=lambda: self.inventory)
-        self.restored = self.driver.restore()
-        self.orphans = self.driver.remove_orphan_specs()  # as the service does at start
-
-    def prepare(self, ref: ClaimRef) -> Any:
+    def prepare_checked(self, ref: ClaimRef) -> Any:
         """Prepare; then containerd's CDI library must load the whole CDI root and resolve every returned ID."""
-        devices = prepare_one(self.driver, ref)
+        devices = self.prepare_one(ref)
         assert_cdi_accepts(self.paths.cdi_root, [i for d in devices for i in d.cdi_device_ids])
         return devices
-
-    def unprepare(self, ref: ClaimRef) -> None:
-        unprepare_one(self.driver, ref)
 
     def spec(self, uid: str) -> dict[str, Any]:
         data = self.cdi.read(uid)
@@ -129,8 +79,8 @@ def rig(tmp_path: Path) -> Rig:
 
 
 def test_prepare_all_devices_writes_cdi_spec(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-all", list(range(16))))
-    devices = rig.prepare(ref)
+    ref = rig.claims.add(make_claim("u-all", list(range(16))))
+    devices = rig.prepare_checked(ref)
     assert [d.device for d in devices] == [f"neuron-device-{i}" for i in range(16)]
     assert all(d.pool == NODE and d.request_names == ("neurons",) for d in devices)
     assert devices[0].cdi_device_ids == ("k8s.neuron.aws.com/claim=u-all-neuron-device-0",
@@ -145,13 +95,13 @@ def test_prepare_all_devices_writes_cdi_spec(rig: Rig) -> None:
 
 
 def test_lnc_1_claim_and_a_torus_row(rig: Rig) -> None:
-    lnc1 = rig.reader.add(make_claim("u-lnc", list(range(16)), configs=[
+    lnc1 = rig.claims.add(make_claim("u-lnc", list(range(16)), configs=[
         {"source": "FromClaim", "requests": ["neurons"], "opaque": {"driver": "neuron.aws.com", "parameters": LNC1}}]))
-    rig.prepare(lnc1)
+    rig.prepare_checked(lnc1)
     assert _env(rig.spec("u-lnc")) == {"NEURON_RT_VISIBLE_CORES": "0-127", "NEURON_LOGICAL_NC_CONFIG": "1"}
-    rig.unprepare(lnc1)
-    row = rig.reader.add(make_claim("u-row", [4, 5, 6, 7]))
-    rig.prepare(row)
+    rig.unprepare_one(lnc1)
+    row = rig.claims.add(make_claim("u-row", [4, 5, 6, 7]))
+    rig.prepare_checked(row)
     spec = rig.spec("u-row")
     assert _device_nodes(spec) == ["/dev/neuron4", "/dev/neuron5", "/dev/neuron6", "/dev/neuron7"]
     # the container sees only /dev/neuron4-7, so its runtime numbers their cores from 0
@@ -162,8 +112,8 @@ def test_host_core_numbering_reaches_the_cdi_spec(tmp_path: Path) -> None:
     """``--core-numbering host`` (for runtimes before 2.16) on the DRA path, as on the device plugin's: trn2 has 8
     NeuronCores per device, 4 logical ones at the default LNC 2, so devices 4-7 hold host cores 16-31."""
     rig = Rig(tmp_path, core_numbering="host")
-    row = rig.reader.add(make_claim("u-row", [4, 5, 6, 7]))
-    rig.prepare(row)
+    row = rig.claims.add(make_claim("u-row", [4, 5, 6, 7]))
+    rig.prepare_checked(row)
     assert _env(rig.spec("u-row")) == {"NEURON_RT_VISIBLE_CORES": "16-31"}
     status = NeuronProfile(core_numbering="host").container_edits(rig.inventory, "r", ["neuron-device-5"],
                                                                   NeuronProfile.default_config).status
@@ -171,53 +121,53 @@ def test_host_core_numbering_reaches_the_cdi_spec(tmp_path: Path) -> None:
 
 
 def test_prepare_is_idempotent_and_refuses_devices_of_another_claim(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-1", [0, 1, 2, 3]))
-    first = rig.prepare(ref)
-    again = rig.prepare(ref)
+    ref = rig.claims.add(make_claim("u-1", [0, 1, 2, 3]))
+    first = rig.prepare_checked(ref)
+    again = rig.prepare_checked(ref)
     assert first == again
-    assert rig.reader.reads == 1, "a prepared claim is answered from the checkpoint"
-    other = rig.reader.add(make_claim("u-2", [3, 4], name="other"))
+    assert rig.claims.reads == 1, "a prepared claim is answered from the checkpoint"
+    other = rig.claims.add(make_claim("u-2", [3, 4], name="other"))
     with pytest.raises(ClaimError, match=r"neuron-device-3 is already prepared for claim ns/claim-u-1 \(uid u-1\)"):
-        rig.prepare(other)
+        rig.prepare_checked(other)
     assert rig.store.get("u-2") is None and not rig.cdi.exists("u-2")
-    rig.unprepare(ref)
-    assert rig.prepare(other)[0].device == "neuron-device-3"
+    rig.unprepare_one(ref)
+    assert rig.prepare_checked(other)[0].device == "neuron-device-3"
 
 
 def test_unprepare_is_idempotent_and_needs_no_api(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-1", [0]))
-    rig.prepare(ref)
-    rig.reader.claims.clear()  # the claim is deleted from the API server
-    reads = rig.reader.reads
-    rig.unprepare(ref)
-    rig.unprepare(ref)
-    rig.unprepare(ClaimRef("ns", "never-seen", "ghost"))
-    assert rig.reader.reads == reads
+    ref = rig.claims.add(make_claim("u-1", [0]))
+    rig.prepare_checked(ref)
+    rig.claims.claims.clear()  # the claim is deleted from the API server
+    reads = rig.claims.reads
+    rig.unprepare_one(ref)
+    rig.unprepare_one(ref)
+    rig.unprepare_one(ClaimRef("ns", "never-seen", "ghost"))
+    assert rig.claims.reads == reads
     assert not rig.cdi.exists("u-1") and rig.store.get("u-1") is None
     assert CheckpointFile(rig.store.path).load().claims == {}, "a restarted driver finds no entry"
 
 
 def test_restart_restores_claims_and_recreates_missing_cdi_specs(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-1", [8, 9]))
-    before = rig.prepare(ref)
+    ref = rig.claims.add(make_claim("u-1", [8, 9]))
+    before = rig.prepare_checked(ref)
     rig.cdi.remove("u-1")  # lost (e.g. /var/run cleared)
     rig.restart()
     assert rig.loaded.claims == 1 and not rig.loaded.rebooted
     assert rig.restored == ["u-1"]
     assert _device_nodes(rig.spec("u-1")) == ["/dev/neuron8", "/dev/neuron9"]
-    reads = rig.reader.reads
-    assert rig.prepare(ref) == before
-    assert rig.reader.reads == reads
+    reads = rig.claims.reads
+    assert rig.prepare_checked(ref) == before
+    assert rig.claims.reads == reads
     # a prepared claim's spec lost while running is re-created by the next (idempotent) prepare
     rig.cdi.remove("u-1")
-    rig.prepare(ref)
+    rig.prepare_checked(ref)
     assert rig.cdi.exists("u-1")
 
 
 def test_reboot_is_detected_and_specs_recreated(tmp_path: Path) -> None:
     rig = Rig(tmp_path, own_host=True)
-    ref = rig.reader.add(make_claim("u-1", [0]))
-    rig.prepare(ref)
+    ref = rig.claims.add(make_claim("u-1", [0]))
+    rig.prepare_checked(ref)
     rig.cdi.remove("u-1")
     rig.host.set_boot_id("11111111-2222-3333-4444-555555555555")
     rig.restart()
@@ -228,7 +178,7 @@ def test_reboot_is_detected_and_specs_recreated(tmp_path: Path) -> None:
 
 
 def test_failed_cdi_write_records_nothing(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    ref = rig.reader.add(make_claim("u-1", [2]))
+    ref = rig.claims.add(make_claim("u-1", [2]))
 
     def disk_full(*args: Any, **kwargs: Any) -> list[str]:
         raise CdiError("cannot write CDI spec: No space left on device")
@@ -236,17 +186,17 @@ def test_failed_cdi_write_records_nothing(rig: Rig, monkeypatch: pytest.MonkeyPa
     with monkeypatch.context() as m:
         m.setattr(rig.cdi, "write", disk_full)
         with pytest.raises(ClaimError, match="cannot record the prepared claim: .*No space left"):
-            rig.prepare(ref)
+            rig.prepare_checked(ref)
     assert rig.store.get("u-1") is None  # nothing was answered, so nothing is reserved
     rig.restart()
     assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
-    rig.prepare(ref)  # the kubelet's retry completes it
+    rig.prepare_checked(ref)  # the kubelet's retry completes it
     assert rig.store.get("u-1").state == STATE_COMPLETED  # type: ignore[union-attr]
     assert rig.cdi.exists("u-1")
 
 
 def test_failed_checkpoint_write_removes_the_spec(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    ref = rig.reader.add(make_claim("u-1", [2]))
+    ref = rig.claims.add(make_claim("u-1", [2]))
 
     def disk_full(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
@@ -255,10 +205,10 @@ def test_failed_checkpoint_write_removes_the_spec(rig: Rig, monkeypatch: pytest.
         m.setattr(os, "fdatasync", disk_full)  # the journal record's sync
         m.setattr(rig.store.file, "save", disk_full)  # and a snapshot, should the journal be full
         with pytest.raises(ClaimError, match=r"cannot record the prepared claim in checkpoint .*No space left"):
-            rig.prepare(ref)
+            rig.prepare_checked(ref)
     assert rig.store.get("u-1") is None and not rig.cdi.exists("u-1")
-    other = rig.reader.add(make_claim("u-2", [2], name="other"))
-    assert rig.prepare(other)[0].device == "neuron-device-2"
+    other = rig.claims.add(make_claim("u-2", [2], name="other"))
+    assert rig.prepare_checked(other)[0].device == "neuron-device-2"
 
 
 # Where a SIGKILL lands in a one-claim prepare, and whether the claim is then recorded (the checkpoint decides):
@@ -328,7 +278,7 @@ def _prepare_then_die(rig: Rig, ref: ClaimRef, target: str, when: str) -> None:
     os.replace = replace  # type: ignore[assignment]
     atomic.fsync_dir = sync_dir  # type: ignore[assignment]
     os.write, os.pwrite, os.fdatasync = write, pwrite, fdatasync  # type: ignore[assignment]
-    rig.prepare(ref)
+    rig.prepare_checked(ref)
     os._exit(3)  # the kill point was never reached
 
 
@@ -338,8 +288,8 @@ def test_a_kill_anywhere_in_a_prepare_is_repaired_at_start(rig: Rig, point: str)
     spec and no temp file, and either no trace of the claim (the kubelet got no answer and prepares it again) or a
     completed entry with its spec and its devices held."""
     target, when, recorded = KILL_POINTS[point]
-    ref = rig.reader.add(make_claim("u-1", [2]))
-    rig.prepare(rig.reader.add(make_claim("u-0", [0], name="earlier")))  # a claim prepared before stays intact
+    ref = rig.claims.add(make_claim("u-1", [2]))
+    rig.prepare_checked(rig.claims.add(make_claim("u-0", [0], name="earlier")))  # a claim prepared before stays intact
     child = multiprocessing.get_context("fork").Process(target=_prepare_then_die, args=(rig, ref, target, when))
     child.start()
     child.join(60)
@@ -351,19 +301,19 @@ def test_a_kill_anywhere_in_a_prepare_is_repaired_at_start(rig: Rig, point: str)
     for claim in rig.store.claims():
         assert rig.cdi.matches(claim.uid, claim.cdi_devices())
     assert "u-0" in entries and ("u-1" in entries) == recorded
-    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    other = rig.claims.add(make_claim("u-2", [2], name="other"))
     if "u-1" in entries:
         with pytest.raises(ClaimError, match="already prepared"):
-            rig.prepare(other)
-        reads = rig.reader.reads
-        assert rig.prepare(ref)[0].device == "neuron-device-2" and rig.reader.reads == reads
+            rig.prepare_checked(other)
+        reads = rig.claims.reads
+        assert rig.prepare_checked(ref)[0].device == "neuron-device-2" and rig.claims.reads == reads
     else:
-        assert rig.prepare(other)[0].device == "neuron-device-2", "the device was never handed out"
+        assert rig.prepare_checked(other)[0].device == "neuron-device-2", "the device was never handed out"
 
 
 def test_start_removes_orphan_specs_and_rewrites_damaged_ones(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-1", [1]))
-    rig.prepare(ref)
+    ref = rig.claims.add(make_claim("u-1", [1]))
+    rig.prepare_checked(ref)
     good = rig.cdi.spec_path("u-1").read_text()
     rig.cdi.spec_path("u-1").write_text(good[: len(good) // 2])  # as a power loss could leave it
     orphan = rig.cdi.spec_path("u-gone")
@@ -377,7 +327,7 @@ def test_start_removes_orphan_specs_and_rewrites_damaged_ones(rig: Rig) -> None:
 
 
 def test_orphan_specs_stay_while_the_checkpoint_is_unusable(rig: Rig) -> None:
-    rig.prepare(rig.reader.add(make_claim("u-1", [1])))
+    rig.prepare_checked(rig.claims.add(make_claim("u-1", [1])))
     rig.store.path.write_text("garbage")
     rig.restart()
     assert rig.store.error and rig.orphans == [] and rig.cdi.exists("u-1")
@@ -386,15 +336,15 @@ def test_orphan_specs_stay_while_the_checkpoint_is_unusable(rig: Rig) -> None:
 def test_a_started_entry_of_an_older_version_keeps_its_devices(rig: Rig) -> None:
     """``PrepareStarted`` (written by earlier versions before the CDI spec) still reserves the devices, its spec
     is no orphan, and the kubelet's retry completes it."""
-    ref = rig.reader.add(make_claim("u-1", [2]))
+    ref = rig.claims.add(make_claim("u-1", [2]))
     _started_entry(rig, ref, 2)
     rig.cdi.write("u-1", [("u-1-neuron-device-2", ContainerEdits(env=(("NEURON_RT_VISIBLE_CORES", "8-11"),)))])
     rig.restart()
     assert rig.orphans == [] and rig.cdi.exists("u-1")
-    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    other = rig.claims.add(make_claim("u-2", [2], name="other"))
     with pytest.raises(ClaimError, match="already prepared"):
-        rig.prepare(other)
-    rig.prepare(ref)
+        rig.prepare_checked(other)
+    rig.prepare_checked(ref)
     assert rig.store.get("u-1").state == STATE_COMPLETED  # type: ignore[union-attr]
 
 
@@ -410,10 +360,10 @@ def _started_entry(rig: Rig, ref: ClaimRef, device: int) -> None:
 def test_a_journal_that_lost_records_while_stopped_hands_out_no_device_twice(rig: Rig, damage: str) -> None:
     """Issue 25 item 2, as reported: with the driver stopped the journal lost its second record; the driver then
     gave that claim's device (neuron-device-10) to a new claim. Now it refuses to prepare, naming the journal."""
-    rig.prepare(rig.reader.add(make_claim("u-0", [0], name="zero")))  # the first change writes a snapshot
-    rig.prepare(rig.reader.add(make_claim("u-1", [1], name="one")))  # journal record 1
-    held = rig.reader.add(make_claim("u-2", [10], name="two"))
-    assert rig.prepare(held)[0].device == "neuron-device-10"  # journal record 2: answered to the kubelet
+    rig.prepare_checked(rig.claims.add(make_claim("u-0", [0], name="zero")))  # the first change writes a snapshot
+    rig.prepare_checked(rig.claims.add(make_claim("u-1", [1], name="one")))  # journal record 1
+    held = rig.claims.add(make_claim("u-2", [10], name="two"))
+    assert rig.prepare_checked(held)[0].device == "neuron-device-10"  # journal record 2: answered to the kubelet
     rig.store.file.close()
     journal = rig.store.file.journal_path
     data = journal.read_bytes()
@@ -428,21 +378,21 @@ def test_a_journal_that_lost_records_while_stopped_hands_out_no_device_twice(rig
             os.truncate(journal, len(data))
     rig.restart()
     assert rig.store.error and "checkpoint.journal" in rig.store.error
-    thief = rig.reader.add(make_claim("u-3", [10], name="three"))
+    thief = rig.claims.add(make_claim("u-3", [10], name="three"))
     with pytest.raises(ClaimError, match=r"checkpoint .*checkpoint.json is unusable \(journal .*checkpoint\.journal"):
-        rig.prepare(thief)
+        rig.prepare_checked(thief)
 
 
 def test_corrupt_checkpoint_fails_closed_for_prepare_only(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-1", [0]))
-    rig.prepare(ref)
+    ref = rig.claims.add(make_claim("u-1", [0]))
+    rig.prepare_checked(ref)
     rig.store.path.write_text('{"checksum": "0", "body": {}}')
     rig.restart()
     assert rig.store.error and "checksum" in rig.store.error
-    new = rig.reader.add(make_claim("u-2", [5], name="new"))
+    new = rig.claims.add(make_claim("u-2", [5], name="new"))
     with pytest.raises(ClaimError, match=r"checkpoint .*checkpoint.json is unusable"):
-        rig.prepare(new)
-    rig.unprepare(ref)  # lenient: removes the CDI spec, no error
+        rig.prepare_checked(new)
+    rig.unprepare_one(ref)  # lenient: removes the CDI spec, no error
     assert not rig.cdi.exists("u-1")
 
 
@@ -461,31 +411,30 @@ def test_corrupt_checkpoint_fails_closed_for_prepare_only(rig: Rig) -> None:
 ])
 def test_claim_errors(rig: Rig, claim: dict[str, Any] | None, pattern: str) -> None:
     if claim is not None:
-        rig.reader.claims[("ns", "c")] = claim
+        rig.claims.claims[("ns", "c")] = claim
     with pytest.raises(ClaimError, match=pattern):
-        rig.prepare(ClaimRef("ns", "u-x", "c"))
+        rig.prepare_checked(ClaimRef("ns", "u-x", "c"))
     assert rig.store.claims() == []
 
 
 def test_lnc_on_a_generation_without_lnc_is_an_error(tmp_path: Path) -> None:
     rig = Rig(tmp_path, "trn1.32xlarge")
-    ref = rig.reader.add(make_claim("u-1", [0], configs=[
+    ref = rig.claims.add(make_claim("u-1", [0], configs=[
         {"source": "FromClaim", "opaque": {"driver": "neuron.aws.com", "parameters": LNC1}}]))
     with pytest.raises(ClaimError, match=r"logicalNeuronCore: 1 is set, but trn1.32xlarge \(Trainium1\) has no"):
-        rig.prepare(ref)
-    plain = rig.reader.add(make_claim("u-2", [1, 2], name="plain"))
-    rig.prepare(plain)
+        rig.prepare_checked(ref)
+    plain = rig.claims.add(make_claim("u-2", [1, 2], name="plain"))
+    rig.prepare_checked(plain)
     assert _env(rig.spec("u-2")) == {"NEURON_RT_VISIBLE_CORES": "0-3"}  # trn1: 2 cores per device
 
 
 def test_missing_device_cannot_be_prepared_and_health_reports_it(tmp_path: Path) -> None:
     rig = Rig(tmp_path, own_host=True)
     rig.host.remove_neuron(6)
-    rig.inventory = discover(rig.paths)
-    rig.driver.set_health(NeuronProfile().scan(rig.paths, "0.1.0").health)
-    ref = rig.reader.add(make_claim("u-1", [6]))
+    rig.rescan()
+    ref = rig.claims.add(make_claim("u-1", [6]))
     with pytest.raises(ClaimError, match="neuron-device-6 .*not present"):
-        rig.prepare(ref)
+        rig.prepare_checked(ref)
     reports = {r.device: r for r in rig.driver.health() or []}
     assert len(reports) == 16
     assert reports["neuron-device-6"].healthy is False and "neuron6" in reports["neuron-device-6"].message
@@ -498,8 +447,7 @@ def clean(rig: Rig) -> tuple[list[tuple[str, str]], CollectorRegistry]:
     registry = CollectorRegistry()
 
     async def one_pass() -> list[tuple[str, str]]:
-        plugin = DraPlugin(rig.driver, rig.paths)
-        cleaner = StaleClaimCleaner(store=rig.store, reader=rig.reader, unprepare=plugin.unprepare_claims,
+        cleaner = StaleClaimCleaner(store=rig.store, reader=rig.reader, unprepare=rig.plugin.unprepare_claims,
                                     driver="neuron.aws.com", pool=NODE, metrics=DriverMetrics(registry, "neuron_dra"))
         return [(c.ref.uid, c.staleness.reason) for c in await cleaner.clean_once()]
 
@@ -511,19 +459,19 @@ def cleaned_count(registry: CollectorRegistry, reason: str) -> float | None:
 
 
 def _deleted(rig: Rig) -> None:
-    del rig.reader.claims[("ns", "claim-u-1")]
+    del rig.claims.claims[("ns", "claim-u-1")]
 
 
 def _replaced(rig: Rig) -> None:
-    rig.reader.add(make_claim("u-new", [2], name="claim-u-1"))
+    rig.claims.add(make_claim("u-new", [2], name="claim-u-1"))
 
 
 def _deallocated(rig: Rig) -> None:
-    rig.reader.claims[("ns", "claim-u-1")]["status"] = {}
+    rig.claims.claims[("ns", "claim-u-1")]["status"] = {}
 
 
 def _allocated_elsewhere(rig: Rig) -> None:
-    rig.reader.add(make_claim("u-1", [2], pool="node-b"))
+    rig.claims.add(make_claim("u-1", [2], pool="node-b"))
 
 
 @pytest.mark.parametrize(("change", "reason"), [
@@ -532,10 +480,10 @@ def _allocated_elsewhere(rig: Rig) -> None:
 ])
 def test_cleanup_unprepares_stale_claims_and_keeps_live_ones(
         rig: Rig, change: Any, reason: str, caplog: pytest.LogCaptureFixture) -> None:
-    stale = rig.reader.add(make_claim("u-1", [2, 3]))
-    live = rig.reader.add(make_claim("u-live", [4]))
-    rig.prepare(stale)
-    rig.prepare(live)
+    stale = rig.claims.add(make_claim("u-1", [2, 3]))
+    live = rig.claims.add(make_claim("u-live", [4]))
+    rig.prepare_checked(stale)
+    rig.prepare_checked(live)
     change(rig)
     with caplog.at_level(logging.INFO, logger="accel_core.dra.cleanup"):
         cleaned, registry = clean(rig)
@@ -547,15 +495,15 @@ def test_cleanup_unprepares_stale_claims_and_keeps_live_ones(
     assert record.getMessage() == "unprepared stale claim"
     fields = record.__dict__["kv"]
     assert fields["claim"] == "ns/claim-u-1 (uid u-1)" and fields["reason"] == reason
-    other = rig.reader.add(make_claim("u-2", [2, 3], name="other"))
-    rig.prepare(other)  # the devices are free again
+    other = rig.claims.add(make_claim("u-2", [2, 3], name="other"))
+    rig.prepare_checked(other)  # the devices are free again
     assert rig.store.get("u-2").state == STATE_COMPLETED  # type: ignore[union-attr]
 
 
 def test_cleanup_never_touches_live_claims(rig: Rig) -> None:
-    refs = [rig.reader.add(make_claim("u-1", [0, 1])), rig.reader.add(make_claim("u-2", [5], name="two"))]
+    refs = [rig.claims.add(make_claim("u-1", [0, 1])), rig.claims.add(make_claim("u-2", [5], name="two"))]
     for ref in refs:
-        rig.prepare(ref)
+        rig.prepare_checked(ref)
     before = rig.store.path.read_bytes()
     cleaned, registry = clean(rig)
     assert cleaned == []
@@ -566,12 +514,12 @@ def test_cleanup_never_touches_live_claims(rig: Rig) -> None:
 
 def test_cleanup_keeps_everything_when_the_api_server_fails(
         rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    refs = [rig.reader.add(make_claim("u-1", [0])), rig.reader.add(make_claim("u-2", [1], name="two"))]
+    refs = [rig.claims.add(make_claim("u-1", [0])), rig.claims.add(make_claim("u-2", [1], name="two"))]
     for ref in refs:
-        rig.prepare(ref)
-    rig.reader.claims.clear()  # even claims that look deleted are kept while the server cannot be read
+        rig.prepare_checked(ref)
+    rig.claims.claims.clear()  # even claims that look deleted are kept while the server cannot be read
 
-    async def unavailable(namespace: str, name: str) -> ResourceClaim | None:
+    def unavailable(namespace: str, name: str) -> ResourceClaim | None:
         raise ClaimError("reading the claim from the API server failed: HTTP 503: unavailable")
 
     monkeypatch.setattr(rig.reader, "read", unavailable)
@@ -588,27 +536,27 @@ def test_cleanup_keeps_everything_when_the_api_server_fails(
 
 
 def test_cleanup_frees_the_devices_of_an_interrupted_prepare(rig: Rig) -> None:
-    ref = rig.reader.add(make_claim("u-1", [2]))
+    ref = rig.claims.add(make_claim("u-1", [2]))
     _started_entry(rig, ref, 2)  # an earlier version was killed mid-prepare
     rig.restart()
     assert rig.store.get("u-1").state == STATE_STARTED  # type: ignore[union-attr]
-    other = rig.reader.add(make_claim("u-2", [2], name="other"))
+    other = rig.claims.add(make_claim("u-2", [2], name="other"))
     with pytest.raises(ClaimError, match="already prepared"):
-        rig.prepare(other)
+        rig.prepare_checked(other)
     _deleted(rig)
     cleaned, _ = clean(rig)
     assert cleaned == [("u-1", "deleted")]
-    assert rig.prepare(other)[0].device == "neuron-device-2"
+    assert rig.prepare_checked(other)[0].device == "neuron-device-2"
     assert rig.store.get("u-2").state == STATE_COMPLETED  # type: ignore[union-attr]
 
 
 def test_batch_prepares_each_claim_like_one_at_a_time(rig: Rig) -> None:
     """One request with several claims: each gets its own devices and CDI spec and a completed checkpoint entry,
     every claim is read once, and a duplicate UID in the request gets one answer."""
-    refs = [rig.reader.add(make_claim(f"u-b{i}", [i])) for i in range(4)]
-    out = prepare(rig.driver, [*refs, refs[0]])
+    refs = [rig.claims.add(make_claim(f"u-b{i}", [i])) for i in range(4)]
+    out = rig.prepare(*refs, refs[0])
     assert set(out) == {r.uid for r in refs}
-    assert rig.reader.reads == 4
+    assert rig.claims.reads == 4
     for i, ref in enumerate(refs):
         devices = out[ref.uid]
         assert not isinstance(devices, Exception), devices
@@ -620,10 +568,10 @@ def test_batch_prepares_each_claim_like_one_at_a_time(rig: Rig) -> None:
 
 
 def test_batch_refuses_a_device_claimed_earlier_in_the_same_request(rig: Rig) -> None:
-    first = rig.reader.add(make_claim("u-first", [3, 4]))
-    second = rig.reader.add(make_claim("u-second", [4]))
-    bad = rig.reader.add(make_claim("u-bad", [2], pool="other-node"))
-    out = prepare(rig.driver, [first, second, bad])
+    first = rig.claims.add(make_claim("u-first", [3, 4]))
+    second = rig.claims.add(make_claim("u-second", [4]))
+    bad = rig.claims.add(make_claim("u-bad", [2], pool="other-node"))
+    out = rig.prepare(first, second, bad)
     assert not isinstance(out[first.uid], Exception)
     assert isinstance(out[second.uid], ClaimError) and "neuron-device-4" in str(out[second.uid])
     assert "u-first" in str(out[second.uid])
@@ -634,10 +582,9 @@ def test_batch_refuses_a_device_claimed_earlier_in_the_same_request(rig: Rig) ->
 
 def test_batch_through_the_plugin_answers_every_claim(rig: Rig) -> None:
     """The DRA plugin hands a multi-claim request to the batch path; per-claim errors stay per claim."""
-    good = rig.reader.add(make_claim("u-p1", [5]))
-    clash = rig.reader.add(make_claim("u-p2", [5]))
-    plugin = DraPlugin(rig.driver, rig.paths)
-    out = asyncio.run(plugin_prepare(plugin, [good, clash]))
+    good = rig.claims.add(make_claim("u-p1", [5]))
+    clash = rig.claims.add(make_claim("u-p2", [5]))
+    out = rig.answer(good, clash)
     assert out[good.uid][1] == "" and [d.device for d in out[good.uid][0]] == ["neuron-device-5"]
     assert out[clash.uid][0] == [] and "already prepared for claim" in out[clash.uid][1]
 
@@ -648,15 +595,16 @@ def test_two_pods_of_a_rolling_update_share_one_checkpoint(tmp_path: Path) -> No
     prepared answered as prepared, a claim the other unprepared free again."""
     old, new = Rig(tmp_path), Rig(tmp_path)  # both loaded the (empty) checkpoint before anything was prepared
     for rig in (old, new):
-        rig.reader.add(make_claim("u-1", [2]))
-        rig.reader.add(make_claim("u-2", [2], name="other"))
+        rig.claims.add(make_claim("u-1", [2]))
+        rig.claims.add(make_claim("u-2", [2], name="other"))
     first, second = ClaimRef("ns", "u-1", "claim-u-1"), ClaimRef("ns", "u-2", "other")
-    assert old.prepare(first)[0].device == "neuron-device-2"
+    assert old.prepare_checked(first)[0].device == "neuron-device-2"
     with pytest.raises(ClaimError, match=r"neuron-device-2 is already prepared for claim ns/claim-u-1"):
-        new.prepare(second)
-    assert new.prepare(first)[0].device == "neuron-device-2", "the other pod's claim gets the same answer"
-    new.unprepare(first)
-    assert old.prepare(second)[0].device == "neuron-device-2", "a claim the other pod unprepared frees its device"
+        new.prepare_checked(second)
+    assert new.prepare_checked(first)[0].device == "neuron-device-2", "the other pod's claim gets the same answer"
+    new.unprepare_one(first)
+    assert old.prepare_checked(second)[0].device == "neuron-device-2", \
+        "a claim the other pod unprepared frees its device"
     assert CheckpointFile(old.store.path).load().claims.keys() == {"u-2"}
 
 
@@ -664,13 +612,13 @@ def test_a_claim_the_other_pod_unprepared_after_the_reads_is_read_under_the_lock
     """Reads happen before the lock, judged by what this pod last saw; when the other pod unprepared the claim in
     between, the prepare reads it under the lock instead of answering from a stale entry."""
     old, new = Rig(tmp_path), Rig(tmp_path)
-    ref = new.reader.add(make_claim("u-1", [2]))
-    new.prepare(ref)
-    old.unprepare(ref)  # the new pod's memory still holds u-1 as prepared
-    reads = new.reader.reads
-    out = asyncio.run(plugin_prepare(DraPlugin(new.driver, new.paths), [ref]))
+    ref = new.claims.add(make_claim("u-1", [2]))
+    new.prepare_checked(ref)
+    old.unprepare_one(ref)  # the new pod's memory still holds u-1 as prepared
+    reads = new.claims.reads
+    out = new.answer(ref)
     assert out["u-1"][1] == "" and [d.device for d in out["u-1"][0]] == ["neuron-device-2"]
-    assert new.reader.reads == reads + 1 and new.cdi.exists("u-1")
+    assert new.claims.reads == reads + 1 and new.cdi.exists("u-1")
     assert CheckpointFile(new.store.path).load().claims.keys() == {"u-1"}
 
 
@@ -678,8 +626,8 @@ def test_a_clean_stop_leaves_a_snapshot_an_older_driver_can_read_alone(tmp_path:
     """An older driver (a rollback) reads checkpoint.json and knows nothing of the journal: after a clean stop the
     snapshot alone holds every prepared claim, those the other pod of a rolling update recorded included."""
     old, new = Rig(tmp_path), Rig(tmp_path)
-    old.prepare(old.reader.add(make_claim("u-1", [1])))
-    new.prepare(new.reader.add(make_claim("u-2", [2], name="other")))
+    old.prepare_checked(old.claims.add(make_claim("u-1", [1])))
+    new.prepare_checked(new.claims.add(make_claim("u-2", [2], name="other")))
     old.store.compact()  # what the service does on a clean stop
     body = json.loads(old.store.path.read_text())["body"]
     assert sorted(body["claims"]) == ["u-1", "u-2"]

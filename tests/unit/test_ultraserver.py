@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from dracalls import configs
+from drarig import configs
 from hostcache import copy_host, shared_host
 
 from accel_core.awsfacts.ultraserver import UltraServerIds, fake_ids, node_labels
