@@ -226,7 +226,7 @@ class UltraServerFleet(Fleet):
 
     Each of the four node positions is scanned once, from a fake host of UltraServer ``us-template``; for another
     UltraServer the template's server ids are replaced, in the slices and the node labels the driver would publish,
-    by that UltraServer's (:func:`accel_core.awsfacts.ultraserver.fake_ids`, what its fake host would hold):
+    by that UltraServer's (:func:`neuron_dra.facts.ultraserver.fake_ids`, what its fake host would hold):
     scanning a host per node would take seconds each."""
 
     TEMPLATE = "us-template"

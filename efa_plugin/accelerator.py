@@ -1,5 +1,5 @@
-"""EFA's one declaration (entry point ``efa`` of group ``aws_accel_agents.accelerators``): its catalog section,
-fake-host writer, daemons, console scripts and ports. Imports nothing heavy: the daemons read their ports here."""
+"""EFA's one declaration (entry point ``efa`` of group ``aws_accel_agents.accelerators``): its catalog sections and
+file, fake-host part, daemons, console scripts and ports. Imports nothing heavy: the daemons read their ports here."""
 
 from accel_core.registry import Accelerator, Daemon
 
@@ -12,7 +12,8 @@ ACCELERATOR = Accelerator(
     name="efa",
     packages=("efa_plugin",),
     daemons=(DEVICE_PLUGIN, DRA_DRIVER),
-    catalog_sections={"efa": "accel_core.awsfacts.catalog:EfaSection",
-                      "other_rdma": "accel_core.awsfacts.catalog:OtherRdmaList"},
-    fakehost="accel_core.fakehost.efa:EfaPart",
+    catalog_sections={"efa": "efa_plugin.facts:EfaSection", "other_rdma": "efa_plugin.facts:OtherRdmaList",
+                      "gpus": "efa_plugin.facts:GpuSection"},
+    catalog_file="efa_plugin:instances.yaml",
+    fakehost="efa_plugin.fakehost:EfaPart",
 )

@@ -1,6 +1,6 @@
 """Neuron's one declaration (entry point ``neuron`` of group ``aws_accel_agents.accelerators``): its catalog
-section, fake-host writer, daemons, console scripts and ports. Imports nothing heavy: the daemons read their ports
-here."""
+section and file, fake-host part, daemons, console scripts and ports. Imports nothing heavy: the daemons read their
+ports here."""
 
 from accel_core.registry import Accelerator, Daemon
 
@@ -15,6 +15,7 @@ ACCELERATOR = Accelerator(
     name="neuron",
     packages=("neuron_dra",),
     daemons=(DEVICE_PLUGIN, DRA_DRIVER, EXTENDER),
-    catalog_sections={"neuron": "accel_core.awsfacts.catalog:NeuronSection"},
-    fakehost="accel_core.fakehost.neuron:NeuronPart",
+    catalog_sections={"neuron": "neuron_dra.facts.catalog:NeuronSection"},
+    catalog_file="neuron_dra.facts:instances.yaml",
+    fakehost="neuron_dra.fakehost:NeuronPart",
 )

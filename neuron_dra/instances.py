@@ -1,5 +1,6 @@
-"""What discovery expects of an instance type: the catalog's layout (``accel_core.awsfacts``), or for the few
-Neuron types the catalog does not describe, one derived from the architecture facts and the topology kind.
+"""What discovery expects of an instance type: the catalog's layout (Neuron's section, :mod:`neuron_dra.facts`), or
+for the few Neuron types the catalog does not describe, one derived from the architecture facts and the topology
+kind.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ import logging
 from dataclasses import dataclass
 
 from accel_core.awsfacts import catalog
-from accel_core.awsfacts.neuron import ARCHES, EXTRA_TYPES, arch_from_device_name
+from neuron_dra.facts.arch import ARCHES, EXTRA_TYPES, arch_from_device_name
+from neuron_dra.facts.catalog import neuron_spec
 from neuron_dra.topology import regular_neighbours
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ def expected_layout(instance_type: str) -> ExpectedLayout | None:
         log.warning("instance catalog unreadable; using built-in facts", extra={"kv": {"error": str(exc)}})
         entry = None
     if entry is not None:
-        spec = entry.neuron
+        spec = neuron_spec(entry)
         if spec is None:
             return ExpectedLayout(instance_type, "", 0, 0, 0, "none")
         arch = arch_from_device_name(spec.device_name) or spec.arch_instance_type.lower()

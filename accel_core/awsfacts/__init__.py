@@ -1,13 +1,12 @@
-"""Facts about AWS hardware, in one place that discovery, the drivers and the fake host all read.
+"""Facts about AWS hardware that no one accelerator owns, in one place that discovery, the drivers and the fake
+host read:
 
-- :mod:`~accel_core.awsfacts.catalog` and ``instances.yaml``: per instance type, the EFA, GPU and Neuron devices
-  (PCI addresses, PCIe roots, NUMA nodes, Neuron links);
+- :mod:`~accel_core.awsfacts.catalog`: the instance catalog, merged by type from each registered accelerator's
+  catalog sections and file (``instances.yaml`` here holds the types none of them describes);
 - :mod:`~accel_core.awsfacts.neuron_efa`: the AWS Neuron-to-EFA tables and the ``devicegroup{1,4,8,16}_id``
-  hashing that both DRA drivers publish and the EFA device plugin uses for Neuron proximity;
-- :mod:`~accel_core.awsfacts.neuron`: per Neuron architecture, NeuronCores, memory and device names.
-- :mod:`~accel_core.awsfacts.ultraserver`: UltraServer (trn2u) class attributes, node labels, modes and runtime env
-  names, and the ids a fake UltraServer node reports.
+  hashing that both DRA drivers publish and the EFA device plugin uses for Neuron proximity: one fact of two
+  accelerators, which may not import each other.
 
-Pure data and pure functions: no host reads, no Kubernetes. The fake host builds trees from these facts, and
-production code reads them as fallbacks and lookup tables; nothing here imports the fake host or the dev tools.
+An accelerator's own facts live in its package (``efa_plugin/facts.py``, ``neuron_dra/facts/``). Pure data and pure
+functions: no host reads, no Kubernetes; nothing here imports the fake host or the dev tools.
 """

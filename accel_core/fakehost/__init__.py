@@ -1,7 +1,8 @@
 """Fake-sysfs host mode: a catalog of AWS instance types and a generator of their ``/sys``/``/dev`` trees.
 
 ``build_host(root, "p5.48xlarge")`` writes the tree and returns a :class:`FakeHost` whose methods mutate it
-(remove/restore devices, port state, counters, corruption). Layout reference: docs/fake-sysfs.md.
+(remove/restore devices, corruption, and each accelerator part's own: port state, counters). Layout reference:
+docs/fake-sysfs.md.
 """
 
 from accel_core.awsfacts.catalog import CatalogError, InstanceType, UnknownInstanceType

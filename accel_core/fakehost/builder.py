@@ -1,6 +1,6 @@
 """Generate a host tree (``/sys``, ``/dev``, ``/proc``, ``/opt``) for a catalog instance type under a root.
 
-``build_host(root, "trn2.48xlarge")`` writes what every instance has (DMI, boot id, GPUs), then runs each
+``build_host(root, "trn2.48xlarge")`` writes what every instance has (DMI, boot id), then runs each
 registered accelerator's part (:mod:`accel_core.fakehost.parts`, named by its declaration in
 :mod:`accel_core.registry`), then returns a :class:`~accel_core.fakehost.host.FakeHost` for mutations.
 Layout: docs/fake-sysfs.md.
@@ -12,20 +12,16 @@ import hashlib
 import json
 import shutil
 import uuid
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from accel_core.awsfacts import catalog
 from accel_core.fakehost.fsops import FakeHostError
 from accel_core.fakehost.host import MARKER, REMOVED_RECORD, FakeHost
-from accel_core.fakehost.parts import HostPart, Writer
-from accel_core.registry import accelerators, load_ref
+from accel_core.fakehost.parts import Writer, part_types
 
 #: Top-level entries the builder owns; ``clear_host`` removes exactly these.
 MANAGED_TOP_LEVEL = ("sys", "dev", "proc", "opt", MARKER, REMOVED_RECORD)
-
-_NVIDIA_VENDOR = "0x10de"
 
 
 def default_boot_id(instance_type: str) -> str:
@@ -33,25 +29,11 @@ def default_boot_id(instance_type: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"fake-sysfs:{instance_type}"))
 
 
-@cache
-def part_types() -> tuple[type[HostPart], ...]:
-    """The registered accelerators' fake-host parts, in registry order."""
-    out = []
-    for acc in accelerators():
-        if acc.fakehost is not None:
-            part = load_ref(acc.fakehost)
-            if not (isinstance(part, type) and issubclass(part, HostPart)):
-                raise FakeHostError(f"accelerator {acc.name}: fakehost {acc.fakehost} is not a HostPart")
-            out.append(part)
-    return tuple(out)
-
-
 def build_host(root: Path, instance_type: str, **options: Any) -> FakeHost:
     """Write the host tree of ``instance_type`` under ``root`` and return a handle for mutations.
 
-    ``options`` go to the parts that declare them: ``efa=False`` leaves EFA unattached; ``lnc`` (1 or 2; types
-    with an LNC setting) writes ``/opt/aws/neuron/logical_nc_config``; ``ultraserver_id`` and
-    ``ultraserver_node`` (0..3) make a trn2u node one of a 4-node UltraServer. Raises
+    ``options`` go to the parts that declare them (each part's ``options``; ``fake-sysfs --help`` lists them as
+    flags). Raises
     :class:`~accel_core.awsfacts.catalog.UnknownInstanceType` or :class:`FakeHostError`.
     """
     spec = catalog.get(instance_type)
@@ -75,10 +57,6 @@ def build_host(root: Path, instance_type: str, **options: Any) -> FakeHost:
     host = FakeHost(root, spec, options)
     for each in host.parts:
         each.write(w)
-    if spec.gpus is not None:
-        for gpu in spec.gpus.devices:
-            w.pci_function(gpu.pci, vendor=_NVIDIA_VENDOR, device=spec.gpus.pci_device_id, pci_class="0x030200",
-                           driver="nvidia")
     w.file(MARKER, json.dumps({"instance_type": spec.name, **{k: v for k, v in options.items()}}) + "\n")
     return host
 

@@ -26,14 +26,12 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts.catalog import InstanceType
 from accel_core.fakehost.fsops import Entry, FakeHostError, delete, replay, resolve, snapshot, write_atomic
-
-if TYPE_CHECKING:
-    from accel_core.fakehost.parts import HostPart
+from accel_core.fakehost.parts import HostPart, part_types
 
 MARKER = ".fake-sysfs.json"
 #: what is currently removed, ``{key: [[[rel, kind, payload], ...], ...]}``; absent when nothing is
@@ -44,8 +42,6 @@ class FakeHost:
     """A generated host tree for one catalog instance type. Build one with ``build_host`` or ``attach``."""
 
     def __init__(self, root: Path, spec: InstanceType, options: Mapping[str, Any] | None = None) -> None:
-        from accel_core.fakehost.builder import part_types
-
         self._root = Path(root)
         self._spec = spec
         self.parts: tuple[HostPart, ...] = tuple(part(self, spec, options or {}) for part in part_types())

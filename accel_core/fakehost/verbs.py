@@ -1,14 +1,13 @@
 """The ``fake-sysfs`` fault verbs: change a tree written earlier the way a node's hardware would change, while the
 daemons watch it. Each verb is one :class:`~accel_core.fakehost.host.FakeHost` mutation, the same the tests use.
 
-    fake-sysfs port DIR DEVICE down|up|init|armed [--port N]
-    fake-sysfs neuron-error DIR neuronN [--counter NAME] [--count N]  |  --clear
     fake-sysfs remove DIR DEVICE [--dev-node]
     fake-sysfs restore DIR DEVICE
     fake-sysfs show DIR
+    fake-sysfs VERB ...   (each accelerator's own, from its fake-host part: ``HostPart.add_verbs``)
 
-DEVICE is a name a user sees: an RDMA device (``rdmap79s0``, ``efa_0``) or a Neuron device (``neuron3``). Exit
-status 0 on success, 2 on bad input; the message names the device and lists the valid ones.
+DEVICE is a name a user sees (``fake-sysfs show DIR`` lists them). Exit status 0 on success, 2 on bad input; the
+message names the device and lists the valid ones.
 """
 
 from __future__ import annotations
@@ -21,67 +20,61 @@ from pathlib import Path
 
 from accel_core.fakehost.fsops import FakeHostError
 from accel_core.fakehost.host import MARKER, FakeHost, removed_phrase
-from accel_core.fakehost.neuron import NEURON_HW_COUNTERS
+from accel_core.fakehost.parts import part_types
 
-#: ``port`` state words -> the sysfs state the FakeHost writes (``up`` is ACTIVE)
-PORT_STATES = {"down": "DOWN", "up": "ACTIVE", "active": "ACTIVE", "init": "INIT", "armed": "ARMED"}
+
+def examples() -> str:
+    """Device names of every part, for help texts: ``rdmap79s0 (EFA), neuron3 (Neuron)``."""
+    return ", ".join(part.example for part in part_types() if part.example) or "none"
 
 
 def parser() -> argparse.ArgumentParser:
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
     p = argparse.ArgumentParser(
         prog="fake-sysfs", description="Inject a fault into a fake host tree (written by `fake-sysfs "
-        "--instance-type TYPE DIR`) while the daemons run against it. DEVICE is a name the daemons log: "
-        "rdmap79s0 (EFA), neuron3 (Neuron); `fake-sysfs show DIR` lists them.")
+        f"--instance-type TYPE DIR`) while the daemons run against it. DEVICE is a name the daemons log: "
+        f"{examples()}; `fake-sysfs show DIR` lists them.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for part in part_types():
+        part.add_verbs(sub)
 
-    port = sub.add_parser("port", help="set an EFA/RDMA port down or up (the EFA health rule: a port not ACTIVE "
-                          "makes the device Unhealthy, reason PortDown)",
-                          description="Set a port's state and phys_state, as a link going down or up would.")
-    _dir_and_device(port)
-    port.add_argument("state", choices=list(PORT_STATES), help="down (1: DOWN), up (4: ACTIVE), init or armed")
-    port.add_argument("--port", type=int, default=1, metavar="N", help="port number (default 1)")
-    port.set_defaults(run=_port)
-
-    err = sub.add_parser("neuron-error", help="add uncorrected ECC errors to a Neuron device (unhealthy until "
-                         "cleared), or --clear them as a driver reload would",
-                         description="Add errors to a Neuron device's stats/hardware/<counter> (total and "
-                         "present). mem_ecc_uncorrected and sram_ecc_uncorrected make the device unhealthy "
-                         "(reason UncorrectedErrors) until they read 0 again; --clear sets every hardware counter "
-                         "to 0, as a Neuron driver reload does.")
-    _dir_and_device(err, "a Neuron device, e.g. neuron3")
-    err.add_argument("--counter", choices=NEURON_HW_COUNTERS, default="mem_ecc_uncorrected",
-                     help="which counter (default mem_ecc_uncorrected)")
-    group = err.add_mutually_exclusive_group()
-    group.add_argument("--count", type=int, metavar="N", help="errors to add (default 1)")
-    group.add_argument("--clear", action="store_true", help="set every hardware counter of the device to 0")
-    err.set_defaults(run=_neuron_error)
-
-    rm = sub.add_parser("remove", help="remove a device (EFA or Neuron) as if its driver lost it",
+    rm = sub.add_parser("remove", help="remove a device as if its driver lost it",
                         description="Remove a device's sysfs entries, PCI function and /dev node (or, with "
                         "--dev-node, only its /dev node). `fake-sysfs restore` puts back exactly what was removed, "
                         "from any later process.")
-    _dir_and_device(rm)
+    dir_and_device(rm)
     rm.add_argument("--dev-node", action="store_true", help="remove only the /dev node; sysfs stays")
     rm.set_defaults(run=_remove)
 
     back = sub.add_parser("restore", help="put back a removed device (or its /dev node)",
                           description="Put back what `fake-sysfs remove` removed of DEVICE.")
-    _dir_and_device(back)
+    dir_and_device(back)
     back.set_defaults(run=_restore)
 
     show = sub.add_parser("show", help="list the devices with their state (port, hw errors, removed)",
                           description="List DIR's devices: kind, /dev node, and state as the health rules see it.")
     show.add_argument("dir", type=Path, metavar="DIR", help="the fake host tree")
     show.set_defaults(run=_show)
-    return p
+    return p, sub
 
 
-VERBS = ("port", "neuron-error", "remove", "restore", "show")
+def verb_names() -> tuple[str, ...]:
+    """Every verb: the parts' own, then ``remove``, ``restore``, ``show``."""
+    return tuple(_build()[1].choices)
 
 
-def _dir_and_device(p: argparse.ArgumentParser, what: str = "e.g. rdmap79s0 or neuron3") -> None:
+def verb_help() -> list[tuple[str, str]]:
+    """``(verb, help)`` of every verb, for ``fake-sysfs --help``."""
+    return [(action.dest, action.help or "") for action in _build()[1]._choices_actions]
+
+
+def dir_and_device(p: argparse.ArgumentParser, what: str = "") -> None:
+    """A verb's ``DIR DEVICE`` arguments."""
     p.add_argument("dir", type=Path, metavar="DIR", help="the fake host tree (on a rig node: $HOST_ROOT)")
-    p.add_argument("device", metavar="DEVICE", help=what)
+    p.add_argument("device", metavar="DEVICE", help=what or f"e.g. {examples()}")
 
 
 def main(argv: Sequence[str], fail: Callable[[str], int]) -> int:
@@ -104,35 +97,11 @@ def main(argv: Sequence[str], fail: Callable[[str], int]) -> int:
     return 0
 
 
-def _present(host: FakeHost, device: str) -> None:
+def present(host: FakeHost, device: str) -> None:
+    """Refuse a fault on a removed device, naming the way back."""
     gone = host.removed_parts(device)
     if gone:
         raise FakeHostError(f"{removed_phrase(device, gone)}; `fake-sysfs restore {host.root} {device}` first")
-
-
-def _port(host: FakeHost, args: argparse.Namespace) -> str:
-    part = host.part_of(args.device)
-    if not hasattr(part, "set_port_state"):
-        raise FakeHostError(f"{args.device} is a {part.device_kind(args.device)} device and has no ports; "
-                            f"ports belong to RDMA devices ({_names(host, 'port_state')})")
-    _present(host, args.device)
-    before = host.port_state(args.device, args.port)
-    host.set_port_state(args.device, PORT_STATES[args.state], args.port)
-    return f"{args.device} port {args.port}: {before} -> {host.port_state(args.device, args.port)}"
-
-
-def _neuron_error(host: FakeHost, args: argparse.Namespace) -> str:
-    part = host.part_of(args.device)
-    if not hasattr(part, "add_hw_errors"):
-        raise FakeHostError(f"{args.device} is not a Neuron device ({_names(host, 'add_hw_errors')})")
-    _present(host, args.device)
-    index = host.index_of(args.device)
-    if args.clear:
-        host.clear_hw_errors(index)
-        return f"{args.device}: every stats/hardware counter is 0 (as after a Neuron driver reload)"
-    count = 1 if args.count is None else args.count
-    total = host.add_hw_errors(index, args.counter, count)
-    return f"{args.device}: stats/hardware/{args.counter}/total = {total} (+{count})"
 
 
 def _remove(host: FakeHost, args: argparse.Namespace) -> str:
@@ -161,7 +130,7 @@ def _show(host: FakeHost, args: argparse.Namespace) -> str:
     return f"{host.instance_type} at {host.root}\n{table}"
 
 
-def _names(host: FakeHost, method: str) -> str:
+def names_with(host: FakeHost, method: str) -> str:
     """The host's devices whose part has ``method``, for an error naming the valid ones."""
     names = [name for name, part in host.devices().items() if hasattr(part, method)]
     return f"this {host.instance_type} has: {', '.join(names)}" if names else f"this {host.instance_type} has none"

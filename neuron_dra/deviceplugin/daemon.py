@@ -7,7 +7,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from accel_core.awsfacts import ultraserver
 from accel_core.deviceplugin import DevicePluginServer
 from accel_core.deviceplugin.daemon import DevicePluginService
 from accel_core.deviceplugin.policy import DevicePluginProfile
@@ -24,6 +23,7 @@ from neuron_dra.deviceplugin.podresources import PodResourcesPoller
 from neuron_dra.deviceplugin.policy import NeuronCorePolicy, NeuronDevicePolicy, PolicyMetrics
 from neuron_dra.deviceplugin.publish import UsagePublisher
 from neuron_dra.discovery import NeuronInventory
+from neuron_dra.facts import ultraserver
 
 log = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from accel_core.awsfacts import ultraserver
 from accel_core.paths import HostPaths
 from neuron_dra import COEXISTENCE
 from neuron_dra.coreids import core_ids
 from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE
 from neuron_dra.discovery import NeuronInventory, discover
+from neuron_dra.facts import ultraserver
 
 GIB = 1024**3
 

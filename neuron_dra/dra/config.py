@@ -27,9 +27,9 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from accel_core.awsfacts.ultraserver import SET_SIZES
 from accel_core.dra.config import decode_struct
 from neuron_dra import DRA_DRIVER_NAME
+from neuron_dra.facts.ultraserver import SET_SIZES
 
 API_VERSION = f"{DRA_DRIVER_NAME}/v1"
 KIND = "NeuronConfig"

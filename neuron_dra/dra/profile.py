@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from accel_core.awsfacts import ultraserver as us_facts
 from accel_core.dra.profile import RequestEdits, Scan
 from accel_core.dra.slicemodel import CounterSet, SliceDevice
 from accel_core.dra.types import ClaimError, DeviceStatusData
@@ -35,6 +34,7 @@ from neuron_dra.dra import ultraserver as us_dra
 from neuron_dra.dra.attributes import NODE_LABEL_ATTRIBUTES, device_index, device_name, slice_devices
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.edits import CoreNumbering, device_node, format_core_list, runtime_env
+from neuron_dra.facts import ultraserver as us_facts
 from neuron_dra.scanner import NeuronScanner
 
 

@@ -9,15 +9,15 @@ allocated and no chip while the node device is. With core devices (:mod:`.cores`
 
 Prepare of the node device gives the container every ``/dev/neuron<i>``. With an ``UltraServerConfig`` it also
 sets the runtime's UltraServer env (neuron.md 2.5); the choices no public document makes are in
-:mod:`accel_core.awsfacts.ultraserver` and docs/neuron-dra-driver.md ("UltraServer choices").
+:mod:`neuron_dra.facts.ultraserver` and docs/neuron-dra-driver.md ("UltraServer choices").
 """
 
 from __future__ import annotations
 
-from accel_core.awsfacts import ultraserver as us
-from accel_core.awsfacts.ultraserver import UltraServerIds
 from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice, Version
 from accel_core.dra.types import ClaimError
+from neuron_dra.facts import ultraserver as us
+from neuron_dra.facts.ultraserver import UltraServerIds
 
 NODE_DEVICE = "neuron-node"
 NODE_RESOURCE_TYPE = "neuron_node"

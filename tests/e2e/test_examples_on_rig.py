@@ -49,7 +49,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from runtime_helpers import REPO, Helm, rig_flags, running_1_of_1
 
-from accel_core.awsfacts.ultraserver import fake_ids
+from neuron_dra.facts.ultraserver import fake_ids
 
 Wait = Callable[..., Any]
 NodeFactory = Callable[..., RealNode]

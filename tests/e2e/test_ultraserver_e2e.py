@@ -49,8 +49,8 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from accel_core.awsfacts.ultraserver import fake_ids
 from accel_core.fakehost import FakeHost, build_host
+from neuron_dra.facts.ultraserver import fake_ids
 
 Wait = Callable[..., Any]
 FakeNode = Callable[..., str]

@@ -33,7 +33,7 @@ from chart_render import (
 )
 
 from accel_core.awsfacts import catalog
-from accel_core.awsfacts.ultraserver import NODE_LABELS
+from neuron_dra.facts.ultraserver import NODE_LABELS
 
 DRA_DS = "neuron-dra-driver-kubelet-plugin"
 DP_DS = "neuron-device-plugin"
@@ -489,7 +489,7 @@ def test_node_selection_by_instance_type_or_label(neuron_defaults: Rendered) -> 
 def test_node_selection_covers_every_neuron_type_of_the_catalog(neuron_defaults: Rendered) -> None:
     listed = next(e["values"] for e in node_terms(neuron_defaults.get("DaemonSet", DP_DS))[0]
                   if e["key"] == "node.kubernetes.io/instance-type")  # fmt: skip
-    neuron_types = {name for name, t in catalog.load().items() if t.neuron_count}
+    neuron_types = {name for name, t in catalog.load().items() if t.neuron}
     assert neuron_types and neuron_types <= set(listed)
 
 
@@ -600,7 +600,7 @@ def test_efa_names_do_not_depend_on_the_release(helm: Path) -> None:
 def test_efa_node_selection(efa_defaults: Rendered) -> None:
     ds = efa_defaults.get("DaemonSet", EFA_DS)
     linux = {"kubernetes.io/os": "linux"}
-    efa_types = {name for name, t in catalog.load().items() if t.efa_count}
+    efa_types = {name for name, t in catalog.load().items() if t.efa}
     assert efa_types
     for name in efa_types:
         assert node_matches(ds, {**linux, "node.kubernetes.io/instance-type": name}), name

@@ -22,7 +22,9 @@ DOCKERIGNORE = REPO / ".dockerignore"
 OURS = [acc for acc in accelerators() if acc.distribution == "aws-accel-agents"]
 DAEMONS = tuple(d.script for acc in OURS for d in acc.daemons if d.read_only)
 ALL_SCRIPTS = tuple(d.script for acc in OURS for d in acc.daemons)
-DEV_ONLY = ("accel_core.fakehost", "accel_rig")
+#: the accelerators' fake-host parts (``efa_plugin.fakehost``) are dev-only like the fake host they plug into
+PARTS = tuple(acc.fakehost.partition(":")[0] for acc in OURS if acc.fakehost)
+DEV_ONLY = ("accel_core.fakehost", "accel_rig", *PARTS)
 
 
 def stages() -> list[list[str]]:
@@ -129,6 +131,8 @@ def test_dev_only_code_is_left_out_of_the_image() -> None:
     ignored = [line.strip().rstrip("/") for line in DOCKERIGNORE.read_text().splitlines()
                if line.strip() and not line.startswith(("#", "!"))]
     assert "accel_core/fakehost" in ignored, "the fake-sysfs generator would be copied into the image"
+    parts = [part.replace(".", "/") + ".py" for part in PARTS]
+    assert parts and set(parts) <= set(ignored), f"an accelerator's fake-host part would be copied: {parts}"
     # the rig is outside every path the allow-list lets in (and is no package of this distribution)
     allowed = [line[1:].rstrip("/") for line in DOCKERIGNORE.read_text().splitlines() if line.startswith("!")]
     assert not [a for a in allowed if a in ("rig", "tests") or a.startswith(("rig/", "tests/"))], allowed

@@ -13,13 +13,14 @@ from accel_core.awsfacts import catalog
 from accel_core.paths import HostPaths
 from efa_plugin.allocation import Topology, topology_path
 from efa_plugin.discovery import EfaDevice, discover
+from efa_plugin.facts import neuron_efa_map
 
 
 def catalog_devices(instance_type: str) -> list[EfaDevice]:
     """EFA records straight from the catalog (what discovery returns for that type; see test_efa_discovery)."""
     spec = catalog.get(instance_type)
     assert spec.efa is not None
-    neurons = spec.neuron_efa_map()
+    neurons = neuron_efa_map(spec)
     out = []
     for i, d in enumerate(spec.efa.devices):
         out.append(EfaDevice(

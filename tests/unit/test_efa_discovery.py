@@ -17,6 +17,7 @@ from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from efa_plugin import RESOURCE_NAME, cli
 from efa_plugin.discovery import EfaInventory, discover
+from efa_plugin.facts import efa_count, neuron_efa_map
 from efa_plugin.neuron_map import neuron_table
 
 SharedHost = Callable[..., tuple[FakeHost, HostPaths]]
@@ -63,7 +64,7 @@ def test_ls_counts_every_catalog_type(
 ) -> None:
     host, paths = shared_host(instance_type)
     doc = ls_json(paths, capsys)
-    expected = EXPECTED.get(instance_type, catalog.get(instance_type).efa_count)
+    expected = EXPECTED.get(instance_type, efa_count(catalog.get(instance_type)))
     assert doc["resources"] == {RESOURCE_NAME: expected}
     devices = doc["devices"]
     assert isinstance(devices, list) and len(devices) == expected
@@ -138,7 +139,7 @@ def test_kernel_efa_names_and_no_numa(shared_host: SharedHost) -> None:
 def test_neuron_proximity_matches_mapping_tables(instance_type: str, shared_host: SharedHost) -> None:
     _, paths = shared_host(instance_type)
     inv = discover(paths)
-    expected = catalog.get(instance_type).neuron_efa_map()  # neuron index -> EFA BDF
+    expected = neuron_efa_map(catalog.get(instance_type))  # neuron index -> EFA BDF
     got = {n: d.pci_address for d in inv.devices for n in d.near_neurons}
     assert got == expected
     assert sorted(got) == list(range(16))

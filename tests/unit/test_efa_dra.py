@@ -89,7 +89,7 @@ def test_every_catalog_type_publishes_valid_devices(tmp_path: Path, instance_typ
     _, paths = host(tmp_path, instance_type, shared=True)
     devices = list(published(paths).values())
     validate_devices(devices)
-    assert len(devices) == catalog.get(instance_type).efa_count
+    assert len(devices) == len(catalog.get(instance_type).efa.devices)
 
 
 def test_trn2_device_groups_are_the_ones_of_the_neuron_devices_each_efa_serves(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accel_core.fakehost import FakeHost
-from accel_core.fakehost.efa import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 from accel_core.metrics import CallbackCollector
+from efa_plugin.fakehost import EFA_DEVICE_COUNTERS, EFA_PORT_COUNTERS
 from efa_plugin.metrics import EfaMetrics
 from efa_plugin.policy import EfaPolicy
 

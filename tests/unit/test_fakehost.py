@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 from hostcache import shared_host
 
+import efa_plugin
+import neuron_dra.facts
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts.catalog import CatalogError, UnknownInstanceType
 from accel_core.fakehost import FakeHost, FakeHostError, build_host, cli
+from efa_plugin.facts import efa_count, gpu_count, neuron_efa_map
+from neuron_dra.facts.catalog import cores_per_device, neuron_count, supports_lnc
 
 EXPECTED_EFA = {
     "p4d.24xlarge": 4,
@@ -79,8 +83,11 @@ def torus_neighbours(i: int) -> set[int]:
 # ------------------------------------------------------------------------------------------------ catalog
 
 
-#: the packaged catalog's types; catalog.names() adds those of other installed accelerators (tests/sample_accelerator)
-PACKAGED = set(catalog.load(Path(catalog.__file__).with_name("instances.yaml")))
+#: this project's catalog files (the catalog's own, EFA's, Neuron's); catalog.names() adds those of other installed
+#: accelerators (tests/sample_accelerator)
+CATALOG_FILES = tuple(Path(m.__file__ or "").with_name("instances.yaml")
+                      for m in (catalog, efa_plugin, neuron_dra.facts))
+PACKAGED = set(catalog.load(*CATALOG_FILES))
 
 
 def test_catalog_lists_every_expected_type() -> None:
@@ -90,9 +97,9 @@ def test_catalog_lists_every_expected_type() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED_EFA))
 def test_catalog_counts(name: str) -> None:
     t = catalog.get(name)
-    assert t.efa_count == EXPECTED_EFA[name]
-    assert (t.neuron_count, t.cores_per_device) == EXPECTED_NEURON.get(name, (0, 0))
-    assert t.gpu_count == (8 if name.startswith("p") else 0)
+    assert efa_count(t) == EXPECTED_EFA[name]
+    assert (neuron_count(t), cores_per_device(t)) == EXPECTED_NEURON.get(name, (0, 0))
+    assert gpu_count(t) == (8 if name.startswith("p") else 0)
 
 
 def test_unknown_type_error_lists_known_types() -> None:
@@ -117,19 +124,19 @@ def test_malformed_catalog_names_type_and_field(tmp_path: Path) -> None:
 def test_lnc_default_only_on_trn2() -> None:
     for name in catalog.names():
         t = catalog.get(name)
-        assert t.supports_lnc == (t.family == "trn2" or t.family == "trn2u")
-        if t.supports_lnc:
+        assert supports_lnc(t) == (t.family == "trn2" or t.family == "trn2u")
+        if supports_lnc(t):
             assert t.neuron is not None and t.neuron.lnc_default == 2
 
 
 def test_efa_mapping_tables_match_reference() -> None:
-    trn2 = catalog.get("trn2.48xlarge").neuron_efa_map()
+    trn2 = neuron_efa_map(catalog.get("trn2.48xlarge"))
     assert trn2 == {i: f"0000:{bus}:00.0" for i, bus in enumerate(TRN2_EFA_BUS)}
-    trn1 = catalog.get("trn1.32xlarge").neuron_efa_map()
+    trn1 = neuron_efa_map(catalog.get("trn1.32xlarge"))
     assert trn1[0] == trn1[1] == "0000:10:1a.0" and trn1[14] == trn1[15] == "0000:a0:19.0"
     assert len(set(trn1.values())) == 8
-    assert catalog.get("trn1n.32xlarge").neuron_efa_map()[5] == "0000:20:18.0"
-    assert catalog.get("trn2.3xlarge").neuron_efa_map() == {}  # not an EFA-mapping-library instance
+    assert neuron_efa_map(catalog.get("trn1n.32xlarge"))[5] == "0000:20:18.0"
+    assert neuron_efa_map(catalog.get("trn2.3xlarge")) == {}  # not an EFA-mapping-library instance
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -396,11 +403,13 @@ def test_attach_reopens_cli_tree(tmp_path: Path) -> None:
 
 def test_cli_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--list"]) == 0
-    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    header, *lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: dict(zip(header.split(), line.split(), strict=True)) for line in lines}
     assert set(rows) == set(catalog.names()) and set(rows) >= set(EXPECTED_EFA)
-    assert rows["p6-b200.48xlarge"][1:3] == ["8", "2"]
-    assert rows["trn2.48xlarge"][3] == "16x8"
-    assert rows["c5.large"][1:] == ["0", "0", "-", "-", "0"]
+    assert (rows["p6-b200.48xlarge"]["EFA"], rows["p6-b200.48xlarge"]["OTHER-RDMA"]) == ("8", "2")
+    assert rows["trn2.48xlarge"]["NEURON"] == "16x8" and rows["trn2.48xlarge"]["LNC"] == "2"
+    assert rows["c5.large"] == {"TYPE": "c5.large", "EFA": "0", "OTHER-RDMA": "0", "GPUS": "0", "NEURON": "-",
+                                "LNC": "-"}
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,6 +9,8 @@ import pytest
 from hostcache import copy_host, shared_host
 from neuron_listings import TRN2_48XLARGE_GUIDE
 
+import efa_plugin
+import neuron_dra.facts
 from accel_core.awsfacts import catalog
 from accel_core.awsfacts import neuron_efa as dg
 from accel_core.dra.profile import tainted
@@ -21,6 +23,7 @@ from accel_core.dra.slicemodel import (
     validate_devices,
 )
 from accel_core.paths import HostPaths
+from efa_plugin.facts import neuron_efa_map
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.discovery import discover
 from neuron_dra.dra.attributes import UNHEALTHY_TAINT_KEY, device_index, device_name, slice_devices
@@ -85,15 +88,17 @@ def test_unknown_index_gets_no_group_ids_and_efa_side_agrees() -> None:
 
 def test_the_tables_are_the_one_copy_and_the_catalog_must_fit_them(tmp_path: Path) -> None:
     # the instance catalog does not repeat which Neuron devices an EFA serves: it joins in the tables
-    yaml_text = (Path(catalog.__file__).parent / "instances.yaml").read_text()
-    assert "near_neurons:" not in yaml_text and "efa_mapping_library:" not in yaml_text
-    assert catalog.get("trn1.32xlarge").neuron_efa_map()[13] == "0000:10:19.0"  # neuron.md section 3 (trn1)
+    efa_file, neuron_file = (Path(m.__file__ or "").with_name("instances.yaml") for m in (efa_plugin, neuron_dra.facts))
+    yaml_text = efa_file.read_text()
+    assert all("near_neurons:" not in p.read_text() and "efa_mapping_library:" not in p.read_text()
+               for p in (efa_file, neuron_file))
+    assert neuron_efa_map(catalog.get("trn1.32xlarge"))[13] == "0000:10:19.0"  # neuron.md section 3 (trn1)
     # a catalog whose trn2.48xlarge lacks an EFA of the table is refused, naming the type
     broken = tmp_path / "instances.yaml"
     broken.write_text(yaml_text.replace('bdf: "0000:c9:00.0", root: pci0000:a8',
                                         'bdf: "0000:c8:00.0", root: pci0000:a8'))
     with pytest.raises(catalog.CatalogError, match=r"trn2\.48xlarge: the Neuron-to-EFA table .*0000:c9:00.0"):
-        catalog.load(broken)
+        catalog.load(broken, neuron_file)
 
 
 # -- attributes -------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from accel_pkgs import write_package
 from accel_core import registry
 from accel_core.registry import Accelerator, Daemon, RegistryError, check
 
-EFA_SECTION = "accel_core.awsfacts.catalog:EfaSection"
+EFA_SECTION = "efa_plugin.facts:EfaSection"
 
 
 @pytest.fixture

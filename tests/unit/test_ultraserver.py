@@ -18,7 +18,6 @@ import pytest
 from drarig import configs
 from hostcache import copy_host, shared_host
 
-from accel_core.awsfacts.ultraserver import UltraServerIds, fake_ids, node_labels
 from accel_core.dra.config import OpaqueEntry
 from accel_core.dra.publisher import build_slices, spec_key
 from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationError, validate_devices
@@ -30,6 +29,7 @@ from neuron_dra.discovery import discover
 from neuron_dra.dra import cli as dra_cli
 from neuron_dra.dra.config import NeuronConfig
 from neuron_dra.dra.profile import NeuronProfile
+from neuron_dra.facts.ultraserver import UltraServerIds, fake_ids, node_labels
 
 CLASS = "sys/class/neuron_device"
 ATTRS = ("node_id_2", "node_id_4", "server_id_2", "server_id_4", "ultraserver_mode")

@@ -12,6 +12,7 @@ from accel_rig.demo import topology_table
 from hostcache import shared_host
 
 from accel_core.awsfacts import catalog
+from efa_plugin.facts import neuron_efa_map
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -27,7 +28,7 @@ def test_trn2_topology_table_has_16_rows_from_the_published_slices() -> None:
     assert len(rows) == 16
     spec = catalog.get("trn2.48xlarge")
     assert spec.neuron is not None
-    efa = spec.neuron_efa_map()
+    efa = neuron_efa_map(spec)
     for i, row in enumerate(rows):
         fn = spec.neuron.devices[i].pci
         # torus position: row i // 4, column i % 4; groups of 4 are rows, groups of 8 two rows

@@ -1,9 +1,11 @@
 """The EFA (and other RDMA) share of a fake host: ``/sys/class/infiniband*``, the PCI functions,
-``/dev/infiniband``; mutations: remove/restore a device, port state, counters. Registered by
-``efa_plugin/accelerator.py``. Layout: docs/fake-sysfs.md."""
+``/dev/infiniband``, and the GPUs an EFA sits near; mutations: remove/restore a device, port state, counters; the
+``--no-efa`` build flag and the ``port`` fault verb. Registered by ``efa_plugin/accelerator.py``. Dev-only: no daemon
+imports it. Layout: docs/fake-sysfs.md."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,10 +13,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from accel_core.awsfacts.catalog import InstanceType, PciFunction
-from accel_core.fakehost import layout
+from accel_core.fakehost import layout, verbs
 from accel_core.fakehost.fsops import FakeHostError
-from accel_core.fakehost.parts import HostPart, Writer
+from accel_core.fakehost.host import FakeHost
+from accel_core.fakehost.parts import CliOption, Host, HostPart, Writer
+from efa_plugin.facts import efa_count, efa_spec, gpu_count, gpu_spec, other_rdma
 
+NVIDIA_VENDOR = "0x10de"
 UVERBS_MAJOR = 231
 UVERBS_BASE_MINOR = 192  # ib_uverbs minors start at 192: uverbs0 is 231:192
 EFA_VENDOR = "0x1d0f"
@@ -36,6 +41,8 @@ _PORT_STATES = {
     "ARMED": ("3: ARMED", "5: LinkUp"),
     "ACTIVE": ("4: ACTIVE", "5: LinkUp"),
 }
+#: ``fake-sysfs port`` state words -> the sysfs state the part writes (``up`` is ACTIVE)
+PORT_WORDS = {"down": "DOWN", "up": "ACTIVE", "active": "ACTIVE", "init": "INIT", "armed": "ARMED"}
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,11 @@ class RdmaSlot:
 
 def rdma_slots(spec: InstanceType, *, efa: bool) -> list[RdmaSlot]:
     """RDMA devices in uverbs order: non-EFA (mlx5) first, as the kernel probes them, then the EFAs."""
-    slots = [RdmaSlot(d.ibdev, d.pci, i, d.driver, False) for i, d in enumerate(spec.other_rdma)]
-    if efa and spec.efa is not None:
+    slots = [RdmaSlot(d.ibdev, d.pci, i, d.driver, False) for i, d in enumerate(other_rdma(spec))]
+    efas = efa_spec(spec)
+    if efa and efas is not None:
         start = len(slots)
-        slots += [RdmaSlot(d.ibdev, d.pci, start + i, "efa", True) for i, d in enumerate(spec.efa.devices)]
+        slots += [RdmaSlot(d.ibdev, d.pci, start + i, "efa", True) for i, d in enumerate(efas.devices)]
     return slots
 
 
@@ -82,13 +90,35 @@ def _guid(*parts: str) -> str:
 
 
 class EfaPart(HostPart):
-    """EFA and non-EFA RDMA devices. Option ``efa=False`` leaves EFA unattached (non-EFA RDMA stays)."""
+    """EFA and non-EFA RDMA devices, and GPUs. Option ``efa=False`` leaves EFA unattached (non-EFA RDMA stays)."""
 
     options: ClassVar[Mapping[str, Any]] = {"efa": True}
+    cli_options: ClassVar[tuple[CliOption, ...]] = (
+        CliOption("--no-efa", "efa", {"action": "store_false", "help": "build the type with no EFA attached"}),)
+    example = "rdmap79s0 (EFA)"
+    columns = ("EFA", "OTHER-RDMA", "GPUS")
 
-    def __init__(self, host: Any, spec: InstanceType, options: Mapping[str, Any]) -> None:
+    def __init__(self, host: Host, spec: InstanceType, options: Mapping[str, Any]) -> None:
         super().__init__(host, spec, options)
         self._rdma = {s.ibdev: s for s in rdma_slots(spec, efa=bool(self.opts["efa"]))}
+
+    @classmethod
+    def row(cls, spec: InstanceType) -> tuple[str, ...]:
+        return str(efa_count(spec)), str(len(other_rdma(spec))), str(gpu_count(spec))
+
+    def summary(self) -> list[str]:
+        efas = len(self.efa_ibdevs)
+        return [f"{efas} EFA", f"{len(self._rdma) - efas} other RDMA", f"{gpu_count(self.spec)} GPU"]
+
+    @classmethod
+    def add_verbs(cls, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        port = sub.add_parser("port", help="set an EFA/RDMA port down or up (the EFA health rule: a port not ACTIVE "
+                              "makes the device Unhealthy, reason PortDown)",
+                              description="Set a port's state and phys_state, as a link going down or up would.")
+        verbs.dir_and_device(port)
+        port.add_argument("state", choices=list(PORT_WORDS), help="down (1: DOWN), up (4: ACTIVE), init or armed")
+        port.add_argument("--port", type=int, default=1, metavar="N", help="port number (default 1)")
+        port.set_defaults(run=_port_verb)
 
     def write(self, w: Writer) -> None:
         if self._rdma:
@@ -96,20 +126,25 @@ class EfaPart(HostPart):
             w.file("dev/infiniband/rdma_cm", "")
         for slot in self._rdma.values():
             self._write_slot(w, slot)
+        gpus = gpu_spec(self.spec)
+        if gpus is not None:
+            for gpu in gpus.devices:
+                w.pci_function(gpu.pci, vendor=NVIDIA_VENDOR, device=gpus.pci_device_id, pci_class="0x030200",
+                               driver="nvidia")
 
     def _write_slot(self, w: Writer, slot: RdmaSlot) -> None:
-        spec = self.spec
+        spec, efas = self.spec, efa_spec(self.spec)
         if slot.is_efa:
-            assert spec.efa is not None
-            vendor, device, pci_class = EFA_VENDOR, spec.efa.pci_device_id, "0x020000"
-            node_type, link_layer, rate = "7: unspecified", "Unknown", spec.efa.rate
+            assert efas is not None
+            vendor, device, pci_class = EFA_VENDOR, efas.pci_device_id, "0x020000"
+            node_type, link_layer, rate = "7: unspecified", "Unknown", efas.rate
         else:
-            other = next(d for d in spec.other_rdma if d.ibdev == slot.ibdev)
+            other = next(d for d in other_rdma(spec) if d.ibdev == slot.ibdev)
             vendor, device, pci_class = other.vendor, other.device, "0x020700"
             node_type, link_layer, rate = other.node_type, other.link_layer, other.rate
         pci = w.pci_function(slot.pci, vendor=vendor, device=device, pci_class=pci_class, driver=slot.driver)
-        if slot.is_efa and spec.efa is not None:
-            w.file(f"{pci}/p2p", f"{spec.efa.p2p}\n")
+        if slot.is_efa and efas is not None:
+            w.file(f"{pci}/p2p", f"{efas.p2p}\n")
         guid = _guid(spec.name, slot.pci.bdf)
         ib = slot.ibdev_dir
         w.files(ib, {"node_type": f"{node_type}\n", "node_guid": f"{guid}\n", "sys_image_guid": f"{guid}\n",
@@ -223,3 +258,14 @@ class EfaPart(HostPart):
         except KeyError:
             known = ", ".join(self._rdma) or "none"
             raise self.fail(f"no RDMA device {ibdev!r} (built: {known})") from None
+
+
+def _port_verb(host: FakeHost, args: argparse.Namespace) -> str:
+    part = host.part_of(args.device)
+    if not isinstance(part, EfaPart):
+        raise FakeHostError(f"{args.device} is a {part.device_kind(args.device)} device and has no ports; "
+                            f"ports belong to RDMA devices ({verbs.names_with(host, 'port_state')})")
+    verbs.present(host, args.device)
+    before = part.port_state(args.device, args.port)
+    part.set_port_state(args.device, PORT_WORDS[args.state], args.port)
+    return f"{args.device} port {args.port}: {before} -> {part.port_state(args.device, args.port)}"

@@ -1,21 +1,25 @@
 """The Neuron share of a fake host: ``/sys/class/neuron_device``, ``/dev/neuronN``, the PCI functions, the LNC
-file and the UltraServer class attributes; mutations: remove/restore a device, counters, UltraServer ids.
-Registered by ``neuron_dra/accelerator.py``. Layout: docs/fake-sysfs.md."""
+file and the UltraServer class attributes; mutations: remove/restore a device, counters, UltraServer ids; the
+``--lnc`` and ``--ultraserver`` build flags and the ``neuron-error`` fault verb. Registered by
+``neuron_dra/accelerator.py``. Dev-only: no daemon imports it. Layout: docs/fake-sysfs.md."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from accel_core.awsfacts import ultraserver
 from accel_core.awsfacts.catalog import InstanceType, PciFunction
-from accel_core.awsfacts.ultraserver import UltraServerIds
-from accel_core.fakehost import layout
+from accel_core.fakehost import layout, verbs
 from accel_core.fakehost.fsops import FakeHostError, resolve
-from accel_core.fakehost.parts import HostPart, Writer
+from accel_core.fakehost.host import FakeHost
+from accel_core.fakehost.parts import CliOption, Host, HostPart, Writer
+from neuron_dra.facts import ultraserver
+from neuron_dra.facts.catalog import neuron_spec, supports_lnc
+from neuron_dra.facts.ultraserver import UltraServerIds
 
 NEURON_MAJOR = 241  # assumed: the Neuron driver allocates its major dynamically
 _VENDOR = "0x1d0f"
@@ -58,9 +62,8 @@ class NeuronSlot:
 
 
 def neuron_slots(spec: InstanceType) -> list[NeuronSlot]:
-    if spec.neuron is None:
-        return []
-    return [NeuronSlot(d.index, d.pci, spec.neuron.pci_driver) for d in spec.neuron.devices]
+    neuron = neuron_spec(spec)
+    return [NeuronSlot(d.index, d.pci, neuron.pci_driver) for d in neuron.devices] if neuron else []
 
 
 def _counter(values: tuple[str, ...], *, peak: bool = False) -> dict[str, str]:
@@ -73,8 +76,21 @@ class NeuronPart(HostPart):
     ``ultraserver_node`` (0..3; UltraServer node types) make the node one of a 4-node UltraServer."""
 
     options: ClassVar[Mapping[str, Any]] = {"lnc": None, "ultraserver_id": None, "ultraserver_node": None}
+    cli_options: ClassVar[tuple[CliOption, ...]] = (
+        CliOption("--lnc", "lnc", {"type": int, "choices": (1, 2),
+                                   "help": "write /opt/aws/neuron/logical_nc_config (trn2 only)"}),
+        CliOption("--ultraserver", "ultraserver_id", {
+            "metavar": "ID",
+            "help": "make the node part of the 4-node UltraServer ID (trn2u.48xlarge; needs --ultraserver-node)"},
+            cluster_wide=False),
+        CliOption("--ultraserver-node", "ultraserver_node", {
+            "type": int, "choices": range(4), "metavar": "K", "help": "this node's number (0..3) in the UltraServer"},
+            cluster_wide=False),
+    )
+    example = "neuron3 (Neuron)"
+    columns = ("NEURON", "LNC")
 
-    def __init__(self, host: Any, spec: InstanceType, options: Mapping[str, Any]) -> None:
+    def __init__(self, host: Host, spec: InstanceType, options: Mapping[str, Any]) -> None:
         super().__init__(host, spec, options)
         self._neuron = {s.index: s for s in neuron_slots(spec)}
 
@@ -82,14 +98,45 @@ class NeuronPart(HostPart):
     def check(cls, spec: InstanceType, options: Mapping[str, Any]) -> None:
         lnc = options.get("lnc")
         if lnc is not None:
-            if not spec.supports_lnc:
-                raise FakeHostError(f"instance type {spec.name} has no Logical NeuronCore setting; --lnc not allowed")
+            if not supports_lnc(spec):
+                raise FakeHostError(f"instance type {spec.name} has no Logical NeuronCore setting; --lnc is not "
+                                    "allowed")
             if lnc not in (1, 2):
                 raise FakeHostError(f"LNC must be 1 or 2, got {lnc}")
         _ultraserver_ids(spec, options.get("ultraserver_id"), options.get("ultraserver_node"))
 
+    @classmethod
+    def applies(cls, spec: InstanceType, option: str) -> bool:
+        return option != "lnc" or supports_lnc(spec)
+
+    @classmethod
+    def row(cls, spec: InstanceType) -> tuple[str, ...]:
+        neuron = neuron_spec(spec)
+        return _cell(spec), str(neuron.lnc_default) if neuron and neuron.lnc_default else "-"
+
+    def summary(self) -> list[str]:
+        us = self.opts["ultraserver_id"]
+        return [f"{_cell(self.spec)} Neuron",
+                *([f"UltraServer {us} node {self.opts['ultraserver_node']}"] if us is not None else [])]
+
+    @classmethod
+    def add_verbs(cls, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        err = sub.add_parser("neuron-error", help="add uncorrected ECC errors to a Neuron device (unhealthy until "
+                             "cleared), or --clear them as a driver reload would",
+                             description="Add errors to a Neuron device's stats/hardware/<counter> (total and "
+                             "present). mem_ecc_uncorrected and sram_ecc_uncorrected make the device unhealthy "
+                             "(reason UncorrectedErrors) until they read 0 again; --clear sets every hardware "
+                             "counter to 0, as a Neuron driver reload does.")
+        verbs.dir_and_device(err, "a Neuron device, e.g. neuron3")
+        err.add_argument("--counter", choices=NEURON_HW_COUNTERS, default="mem_ecc_uncorrected",
+                         help="which counter (default mem_ecc_uncorrected)")
+        group = err.add_mutually_exclusive_group()
+        group.add_argument("--count", type=int, metavar="N", help="errors to add (default 1)")
+        group.add_argument("--clear", action="store_true", help="set every hardware counter of the device to 0")
+        err.set_defaults(run=_neuron_error_verb)
+
     def write(self, w: Writer) -> None:
-        spec, neuron = self.spec, self.spec.neuron
+        spec, neuron = self.spec, neuron_spec(self.spec)
         if self.opts["lnc"] is not None:
             w.file("opt/aws/neuron/logical_nc_config", f"NEURON_LOGICAL_NC_CONFIG={self.opts['lnc']}\n")
         if neuron is None:
@@ -101,7 +148,7 @@ class NeuronPart(HostPart):
             self._write_slot(w, slot)
 
     def _write_slot(self, w: Writer, slot: NeuronSlot) -> None:
-        spec, neuron = self.spec, self.spec.neuron
+        spec, neuron = self.spec, neuron_spec(self.spec)
         assert neuron is not None
         w.pci_function(slot.pci, vendor=_VENDOR, device=neuron.pci_device_id, pci_class="0x088000",
                        driver=slot.driver)
@@ -242,8 +289,10 @@ def _ultraserver_ids(spec: InstanceType, name: str | None, node: int | None) -> 
     if name is None and node is None:
         return None
     if name is None or node is None:
-        raise FakeHostError("an UltraServer node needs both an UltraServer id and a node number (0..3)")
-    if spec.neuron is None or not spec.neuron.ultraserver:
+        raise FakeHostError("an UltraServer node needs both an UltraServer id and a node number (0..3): "
+                            "--ultraserver ID and --ultraserver-node K go together")
+    neuron = neuron_spec(spec)
+    if neuron is None or not neuron.ultraserver:
         raise FakeHostError(f"instance type {spec.name} is not an UltraServer node type (trn2u.48xlarge is)")
     if not name or not name.isascii() or not name.isprintable():
         raise FakeHostError(f"UltraServer id must be printable ASCII, got {name!r}")
@@ -251,3 +300,23 @@ def _ultraserver_ids(spec: InstanceType, name: str | None, node: int | None) -> 
         return ultraserver.fake_ids(name, node)
     except ValueError as exc:
         raise FakeHostError(str(exc)) from None
+
+
+def _cell(spec: InstanceType) -> str:
+    """``16x8``: Neuron devices x NeuronCores each, ``-`` for none."""
+    neuron = neuron_spec(spec)
+    return f"{len(neuron.devices)}x{neuron.cores_per_device}" if neuron and neuron.devices else "-"
+
+
+def _neuron_error_verb(host: FakeHost, args: argparse.Namespace) -> str:
+    part = host.part_of(args.device)
+    if not isinstance(part, NeuronPart):
+        raise FakeHostError(f"{args.device} is not a Neuron device ({verbs.names_with(host, 'add_hw_errors')})")
+    verbs.present(host, args.device)
+    index = part.index_of(args.device)
+    if args.clear:
+        part.clear_hw_errors(index)
+        return f"{args.device}: every stats/hardware counter is 0 (as after a Neuron driver reload)"
+    count = 1 if args.count is None else args.count
+    total = part.add_hw_errors(index, args.counter, count)
+    return f"{args.device}: stats/hardware/{args.counter}/total = {total} (+{count})"
