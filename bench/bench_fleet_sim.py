@@ -22,11 +22,18 @@ UltraServer node labels; its workload is the seed's 4-node UltraServer StatefulS
 that each carry their own ``app`` label, so each group's affinity keeps it inside one UltraServer; a group is
 created once the one before is scheduled: groups created at once can start in one UltraServer and wait for each
 other forever, as several such StatefulSets applied at once would without gang scheduling).
+
+``--core-devices off,on`` runs every shape twice, interleaved: Neuron slices as the driver publishes them without
+and with NeuronCores as devices (``CORE_DEVICES``; chips consuming per-core counters, a device per logical core),
+with the chart's DeviceClasses of either setting (``neuron.aws.com`` leaves the cores out, ``neuroncore.aws.com``
+selects them), and prints each shape's "on" against its "off". ``--workload bench/workloads/2-neuroncores.yaml``
+is a core workload (needs ``on``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -42,7 +49,16 @@ from accel_rig.kubeversions import kube_bin_dir, missing_binaries
 from fleet_common import Clients, create_node, delete_pods, fleet_sizes, fresh_namespace, parallel, rss_gib, time_pods
 from fleet_lone import delete_claims, fill_half, lone_pods
 from fleet_shapes import SHAPES, Fleet, needed_attributes, replace_strings, reshape
+from lightkube import ApiError
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice
+
+from neuron_dra.dra.cores import (
+    CHIP_CLASS_SELECTOR,
+    CORE_CLASS,
+    CORE_CLASS_SELECTOR,
+    PLAIN_CLASS_SELECTOR,
+    parse_core_device,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MIXES: dict[str, tuple[str, bool, str]] = {  # instance type, EFA slices, default workload
@@ -52,6 +68,22 @@ MIXES: dict[str, tuple[str, bool, str]] = {  # instance type, EFA slices, defaul
     "trn2u": ("trn2u.48xlarge", False, "examples/neuron-dra/ultraserver/4-node-ultraserver.yaml"),
 }
 DEVICE_CLASSES = {"neuron.aws.com": "neuron.aws.com", "efa.networking.k8s.aws": "efa.aws.com"}
+
+
+def set_device_classes(clients: Clients, core_devices: str) -> None:
+    """The charts' DeviceClasses for ``draDriver.coreDevices.enabled`` off or on (neuron_dra.dra.cores' selectors,
+    which tests/unit/test_neuron_core_devices.py checks against the chart)."""
+    selectors = {name: f'device.driver == "{driver}"' for name, driver in DEVICE_CLASSES.items()}
+    selectors["neuron.aws.com"] = CHIP_CLASS_SELECTOR if core_devices == "on" else PLAIN_CLASS_SELECTOR
+    if core_devices == "on":
+        selectors[CORE_CLASS] = CORE_CLASS_SELECTOR
+    client = clients.get()
+    for name in [*DEVICE_CLASSES, CORE_CLASS]:
+        with contextlib.suppress(ApiError):
+            client.delete(DeviceClass, name)
+    for name, expression in selectors.items():
+        client.create(DeviceClass.from_dict({"metadata": {"name": name}, "spec": {"selectors": [  # type: ignore[call-overload]
+            {"cel": {"expression": expression}}]}}))
 
 
 def publish(clients: Clients, nodes: list[str], fleet: Fleet, shape: str, needed: frozenset[str]) -> float:
@@ -141,7 +173,8 @@ def clean_namespace(clients: Clients, ns: str) -> int:
 
 
 def summarise(size: int, results: list[tuple[str, dict[str, float]]]) -> None:
-    """Per shape, the medians over its runs and their ratio to the minimal shape's."""
+    """Per shape, the medians over its runs and their ratio to the minimal shape's (and a ``<shape> cores-on``
+    run's to its ``<shape> cores-off``)."""
     by_shape: dict[str, dict[str, float]] = {}
     for shape in dict(results):
         runs = [r for s, r in results if s == shape]
@@ -153,6 +186,10 @@ def summarise(size: int, results: list[tuple[str, dict[str, float]]]) -> None:
         if base and med["pods_s"] and med["cpu_ms"]:
             line += (f"; vs minimal: time per pod x{base['pods_s'] / med['pods_s']:.2f}, "
                      f"scheduler CPU per pod x{med['cpu_ms'] / base['cpu_ms']:.2f}")
+        off = by_shape.get(shape.replace(" cores-on", " cores-off")) if shape.endswith(" cores-on") else None
+        if off and med["pods_s"] and off["cpu_ms"]:
+            line += (f"; core devices on vs off: time per pod x{off['pods_s'] / med['pods_s']:.2f}, "
+                     f"scheduler CPU per pod x{med['cpu_ms'] / off['cpu_ms']:.2f}")
         print(line, flush=True)
 
 
@@ -166,7 +203,8 @@ def lone_runs(clients: Clients, tag: str, shape: str, args: argparse.Namespace, 
     for phase in phases:
         ns = f"lone-{tag}-{phase}"
         if phase == "half-full":
-            devices = [d.name for d in kinds[0].devices if d.name.startswith("neuron-device-")]
+            devices = [d.name for d in kinds[0].devices
+                       if d.name.startswith("neuron-device-") and parse_core_device(d.name) is None]
             filled = set(devices[: len(devices) // 2])
             t_fill = fill_half(clients, f"fill-{tag}", nodes, kinds[0].driver, devices,
                                next(k for k, v in DEVICE_CLASSES.items() if v == kinds[0].driver))
@@ -205,7 +243,13 @@ def main() -> int:
     parser.add_argument("--half-full", action="store_true",
                         help="repeat the --lone pods with half of every node's devices allocated")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one workload")
+    parser.add_argument("--core-devices", default="off",
+                        help="off, on or off,on: Neuron slices without/with NeuronCores as devices (each shape runs "
+                             "once per setting, interleaved)")
     args = parser.parse_args()
+    modes = args.core_devices.split(",")
+    if not modes or any(m not in ("off", "on") for m in modes):
+        parser.error(f"--core-devices: off, on or both, not {args.core_devices!r}")
     shapes = args.shapes.split(",")
     unknown = [s for s in shapes + args.lone_shapes.split(",") if s not in SHAPES]
     if unknown:
@@ -222,28 +266,28 @@ def main() -> int:
                      "multiples of it")
     if args.lone and workload.group > 1:
         parser.error("--lone times single pods; the UltraServer workload places groups")
-    fleet = Fleet.of(instance_type, efa=efa)
+    fleets = {mode: Fleet.of(instance_type, efa=efa, core_devices=mode) for mode in modes}
+    labelled = fleets[modes[0]]  # the Node labels are the same either way
     qps = [f"--kube-api-qps={args.client_qps}", f"--kube-api-burst={2 * args.client_qps}"]
     with tempfile.TemporaryDirectory(prefix="fleet-sim-", dir="/tmp") as tmp, ControlPlane(
             Path(tmp) / "cp", extra_args={"kube-controller-manager": qps, "kube-scheduler": qps}) as cp:
         clients = Clients(cp.admin_kubeconfig)
-        client = clients.get()
-        for name, driver in DEVICE_CLASSES.items():
-            client.create(DeviceClass.from_dict({"metadata": {"name": name}, "spec": {"selectors": [  # type: ignore[call-overload]
-                {"cel": {"expression": f'device.driver == "{driver}"'}}]}}))
         nodes: list[str] = []
         for size in sizes:
             new = [f"{args.mix}-{i:05d}" for i in range(len(nodes), size)]
             t_nodes = parallel(lambda name: create_node(clients, name, instance_type, int(name[-5:]),
-                                                        labels=fleet.labels(int(name[-5:]))), new)
+                                                        labels=labelled.labels(int(name[-5:]))), new)
             nodes += new
             print(f"{size} {instance_type} nodes ({len(new)} created in {t_nodes:.1f} s); workload "
-                  f"{workload_path.name}, {args.pods} pods; slices per node: {', '.join(fleet.drivers)}; the minimal "
-                  f"shape keeps {', '.join(sorted(workload.needed))}", flush=True)
+                  f"{workload_path.name}, {args.pods} pods; slices per node: {', '.join(labelled.drivers)}; the "
+                  f"minimal shape keeps {', '.join(sorted(workload.needed))}", flush=True)
             results: list[tuple[str, dict[str, float]]] = []
-            for i, shape in enumerate(shapes * args.repeat):
+            for i, (shape, mode) in enumerate([(s, m) for s in shapes for m in modes] * args.repeat):
                 tag = f"{size}-{i}"
+                fleet = fleets[mode]
+                set_device_classes(clients, mode)
                 t_pub = publish(clients, nodes, fleet, shape, workload.needed)
+                label = shape if len(modes) == 1 else f"{shape} cores-{mode}"
                 time.sleep(3)  # let the scheduler's informers catch up
                 if args.prefill:
                     fill = run_workload(clients, f"fill-{tag}", workload, args.prefill, args.timeout * 10,
@@ -251,8 +295,8 @@ def main() -> int:
                     print(f"  {shape:20s} prefilled: {fill['scheduled']:.0f}/{args.prefill} pods placed", flush=True)
                 res = run_workload(clients, f"run-{tag}", workload, args.pods, args.timeout,
                                    cp.pids()["kube-scheduler"])
-                results.append((shape, res))
-                print(f"  {shape:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
+                results.append((label, res))
+                print(f"  {label:20s} slices published {t_pub:5.1f} s; {res['scheduled']:.0f}/{args.pods} scheduled, "
                       f"{res['pods_s']:5.1f} pods/s, create->scheduled p50 {res['p50']:5.0f} ms "
                       f"p99 {res['p99']:5.0f} ms, scheduler CPU {res['cpu_ms']:4.0f} ms/pod", flush=True)
                 left = clean_namespace(clients, f"run-{tag}")
@@ -260,7 +304,7 @@ def main() -> int:
                     left += clean_namespace(clients, f"fill-{tag}")
                 if left:
                     print(f"  warning: {left} claims of run {tag} still exist 120 s after their pods were deleted")
-                if args.lone and i < len(shapes) and shape in args.lone_shapes.split(","):
+                if args.lone and i < len(shapes) * len(modes) and shape in args.lone_shapes.split(","):
                     lone_runs(clients, tag, shape, args, nodes, fleet, workload)
             print(f"  {size} nodes: RSS GiB: {rss_gib(cp)}; load average "
                   f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
