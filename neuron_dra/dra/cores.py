@@ -16,6 +16,9 @@ one device per logical NeuronCore consuming them, and the chips consuming all of
 - Core devices carry the chip's attributes (its ``deviceId``, topology and EFA group ids, NUMA node, PCIe root;
   not ``pciBusID``: a core is not a PCI function) with ``resourceType`` ``neuron_core``, ``coreIndex`` (``k``) and,
   where LNC applies, ``logicalNeuronCore`` (the LNC ``k`` is counted at).
+- Coexistence (:class:`CoreDevicesScanner`): a core device is the same hardware as its chip's
+  ``aws.amazon.com/neuron`` ID and its own ``aws.amazon.com/neuroncore`` ID, so a chip a device-plugin pod holds
+  keeps its cores unpublished too, and a core a DRA claim holds keeps that chip and core from the device plugin.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from dataclasses import replace
 
 from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice
 from accel_core.hostfiles import parse_index
-from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
+from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME, NEURON_RESOURCE, NEURONCORE_RESOURCE
+from neuron_dra.coreids import core_id
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra.attributes import PCI_BUS_ID, device_attributes, device_name
+from neuron_dra.scanner import NeuronScanner
 
 RESOURCE_TYPE = "neuron_core"
 CORE_INFIX = "-core-"
@@ -116,3 +121,16 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
                                      core_attributes(inv, dev, k, dra_version, chip.attributes),
                                      consumes=_consumes(dev.index, physical_cores(inv.lnc, k))))
     return out_chips + cores, counters
+
+
+class CoreDevicesScanner(NeuronScanner):
+    """The Neuron host scanner, with each core device's device-plugin IDs beside its chip's."""
+
+    def device_plugin_ids(self, inventory: NeuronInventory) -> dict[str, tuple[tuple[str, str], ...]]:
+        ids = super().device_plugin_ids(inventory)
+        per = inventory.logical_cores_per_device()
+        for dev in inventory.devices:
+            for k in range(logical_cores(dev, inventory.lnc)):
+                ids[core_device_name(dev.index, k)] = ((NEURON_RESOURCE, str(dev.index)),
+                                                       (NEURONCORE_RESOURCE, str(core_id(dev.index, per, k))))
+        return ids

@@ -14,7 +14,10 @@
   per device; per request ``NEURON_RT_VISIBLE_CORES`` (all logical cores of the request's devices, numbered by
   ``--core-numbering`` as the device plugin numbers them: see neuron_dra.runtime_env) and
   ``NEURON_LOGICAL_NC_CONFIG`` when the claim sets it;
-- nothing is published or prepared while the Neuron device plugin runs on the node.
+- nothing is published or prepared while the Neuron device plugin runs on the node;
+- with ``core_devices="on"`` (``--core-devices``) each chip's logical NeuronCores are devices too, sharing the
+  chip's per-core counters (:mod:`.cores`); a core device's container gets its chip's ``/dev/neuron<i>`` and only
+  its cores.
 """
 
 from __future__ import annotations
@@ -47,10 +50,12 @@ class NeuronProfile:
 
     def __init__(self, scanner: NeuronScanner | None = None, *, core_numbering: CoreNumbering = "container",
                  core_devices: str = "off") -> None:
-        self.scanner = scanner if scanner is not None else NeuronScanner()
-        self.core_numbering: CoreNumbering = core_numbering
         self.core_devices = core_devices == "on"
         """Publish each chip's NeuronCores as devices too (:mod:`.cores`)."""
+        if scanner is None:
+            scanner = cores.CoreDevicesScanner() if self.core_devices else NeuronScanner()
+        self.scanner = scanner
+        self.core_numbering: CoreNumbering = core_numbering
 
     def scan(self, paths: HostPaths, dra_version: str) -> Scan[NeuronInventory]:
         host = self.scanner.scan(paths)

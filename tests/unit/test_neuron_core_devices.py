@@ -22,6 +22,7 @@ from hostcache import shared_host
 from accel_core.dra.publisher import build_slices
 from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationError, validate_devices
 from accel_core.dra.types import ClaimError
+from accel_core.hostscan import held_device_plugin_ids, held_dra_devices
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory
 from neuron_dra.dra import cores
@@ -199,3 +200,23 @@ def test_core_device_names_parse_strictly() -> None:
     for name in ("neuron-device-3", "neuron-device-03-core-1", "neuron-device-3-core-", "neuron-device-3-core-x",
                  "neuron-node", "neuron-device-3-core-1-core-2"):
         assert cores.parse_core_device(name) is None, name
+
+
+# -- coexistence with the device plugin ------------------------------------------------------------------------------
+def test_device_plugin_holds_reach_core_devices_and_the_other_way() -> None:
+    """aws.amazon.com/neuroncore IDs are global logical core indices (neuron.md 1.4): chip 3's cores are 12-15 at
+    LNC 2. A device-plugin pod holding core 13 keeps chip 3 and its core 1 unpublished, not the chip's other cores;
+    one holding chip 3 (neuron ID 3) keeps all of them; a DRA claim on chip 3's core 1 keeps neuron 3 and core 13
+    from the device plugin."""
+    fake = shared_host("trn2.48xlarge")
+    profile = NeuronProfile(core_devices="on")
+    inv = profile.scan(HostPaths(host_root=fake.root), "0.1.0").inventory
+    ids = profile.scanner.device_plugin_ids(inv)
+    assert held_dra_devices(ids, {"aws.amazon.com/neuroncore": {"13"}}) == {"neuron-device-3",
+                                                                           "neuron-device-3-core-1"}
+    assert held_dra_devices(ids, {"aws.amazon.com/neuron": {"3"}}) == {
+        "neuron-device-3", *(f"neuron-device-3-core-{k}" for k in range(4))}
+    assert held_device_plugin_ids(ids, ["neuron-device-3-core-1"]) == {"aws.amazon.com/neuron": {"3"},
+                                                                       "aws.amazon.com/neuroncore": {"13"}}
+    off = NeuronProfile()
+    assert set(off.scanner.device_plugin_ids(inv)) == {f"neuron-device-{i}" for i in range(16)}
