@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drarig import claim as api_claim
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.claimreport import problem_of
@@ -60,12 +61,9 @@ def test_partitionable_yes_consumable_capacity_and_binding_conditions_no(
 
 
 def test_a_claim_reserved_for_a_workload_gets_no_pod_event() -> None:
-    claim = ResourceClaim.from_dict({
-        "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
-        "spec": {},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "r", "driver": "neuron.aws.com", "pool": "n1", "device": "neuron-device-0"}]}},
-            "reservedFor": [{"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": "g", "uid": "g1"},
-                            {"resource": "pods", "name": "p", "uid": "p1"}]}})
+    claim = ResourceClaim.from_dict(api_claim("c", ["neuron-device-0"], driver="neuron.aws.com", uid="u1", pool="n1",
+                                              reserved=[{"apiGroup": "scheduling.k8s.io", "resource": "podgroups",
+                                                         "name": "g", "uid": "g1"},
+                                                        {"resource": "pods", "name": "p", "uid": "p1"}]))
     problem = problem_of(claim, "u1", driver="neuron.aws.com", pool="n1", reason="InvalidConfig", cause="x")
     assert problem is not None and [p.name for p in problem.pods] == ["p"]
