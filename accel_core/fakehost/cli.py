@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("dir", nargs="?", type=Path, metavar="DIR", help="output directory (created if missing)")
-    p.add_argument("--instance-type", "-t", metavar="TYPE", help="catalog instance type, e.g. p5.48xlarge")
+    p.add_argument("--instance-type", "-t", metavar="TYPE", help="a catalog instance type (--list shows them)")
     p.add_argument("--list", action="store_true", help="print the catalog and exit")
     for _part, option in cli_options():
         option.add_to(p)
