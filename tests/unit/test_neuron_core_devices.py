@@ -14,11 +14,13 @@ per device, 64 devices per slice once a device consumes counters, and a slice ho
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from hostcache import shared_host
+from hostcache import copy_host, shared_host
 
+from accel_core.dra.profile import tainted
 from accel_core.dra.publisher import build_slices
 from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationError, validate_devices
 from accel_core.dra.types import ClaimError
@@ -220,3 +222,17 @@ def test_device_plugin_holds_reach_core_devices_and_the_other_way() -> None:
                                                                        "aws.amazon.com/neuroncore": {"13"}}
     off = NeuronProfile()
     assert set(off.scanner.device_plugin_ids(inv)) == {f"neuron-device-{i}" for i in range(16)}
+
+
+def test_a_sick_chip_makes_its_cores_sick_and_they_get_its_taint(tmp_path: Path) -> None:
+    """Uncorrected memory errors make a Neuron device unhealthy (docs/neuron-dra-driver.md, "Health"); its cores
+    are that device, so they are published with the same taint and the other chips' cores are not."""
+    host = copy_host(tmp_path / "h", "trn2.48xlarge")
+    host.set_neuron_counter(3, "stats/hardware/mem_ecc_uncorrected/total", 2)
+    s = NeuronProfile(core_devices="on").scan(HostPaths(host_root=host.root), "0.1.0")
+    assert not s.health["neuron-device-3"].healthy
+    assert [s.health[f"neuron-device-3-core-{k}"] for k in range(4)] == [s.health["neuron-device-3"]] * 4
+    assert s.health["neuron-device-4-core-0"].healthy
+    taints = {d.name: d.taints for d in tainted("neuron.aws.com", s.devices, s.health)}
+    assert taints["neuron-device-3-core-2"] == taints["neuron-device-3"] != ()
+    assert taints["neuron-device-4-core-0"] == ()
