@@ -125,7 +125,7 @@ class DriverRig:
         self.notices = Notices()
         self.blocked = blocked
         self.pod_uid = pod_uid
-        self.rescan()
+        self._scan()
         self.restart()
 
     @property
@@ -134,12 +134,14 @@ class DriverRig:
 
     def rescan(self) -> None:
         """Scan the host again (after a test changed it) and hand the driver what it found, as the service does."""
+        self._scan()
+        self.driver.set_inventory(self.inventory)
+        self.driver.set_health(self._health())
+
+    def _scan(self) -> None:
         self.scan = self.profile.scan(self.paths, "1.0.0")
         self.inventory = self.scan.inventory
         self.devices = [d.name for d in self.scan.devices]
-        if hasattr(self, "driver"):
-            self.driver.set_inventory(self.inventory)
-            self.driver.set_health(self._health())
 
     def restart(self) -> None:
         """A new process on the same files: checkpoint loaded, lost specs restored, orphans removed (as at start)."""
