@@ -72,8 +72,15 @@ subjects:
 {{- $devicePlugins := include "accel-dra.devicePluginsDir" . }}
 {{- $metrics := $c.metrics | default dict }}
 {{- $readiness := ternary $c.readinessProbe (dict "periodSeconds" 5 "failureThreshold" 1) (hasKey $c "readinessProbe") }}
+{{- /* A key the chart gives wins, even empty; a key it leaves out takes the library's default. */}}
 {{- $security := dict "runAsUser" 0 "runAsNonRoot" false "privileged" false "allowPrivilegeEscalation" false
       "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) }}
+{{- $security = ternary $pod.securityContext $security (hasKey $pod "securityContext") }}
+{{- $priority := ternary $pod.priorityClassName "system-node-critical" (hasKey $pod "priorityClassName") }}
+{{- $resources := dict "requests" (dict "cpu" "10m" "memory" "64Mi") "limits" (dict "memory" "256Mi") }}
+{{- $resources = ternary $c.resources $resources (hasKey $c "resources") }}
+{{- $update := dict "type" "RollingUpdate" "rollingUpdate" (dict "maxUnavailable" 1) }}
+{{- $update = ternary $c.updateStrategy $update (hasKey $c "updateStrategy") }}
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -87,7 +94,7 @@ spec:
     matchLabels:
       {{- .d.selectorLabels | nindent 6 }}
   updateStrategy:
-    {{- toYaml ($c.updateStrategy | default (dict "type" "RollingUpdate" "rollingUpdate" (dict "maxUnavailable" 1))) | nindent 4 }}
+    {{- toYaml $update | nindent 4 }}
   template:
     metadata:
       labels:
@@ -107,7 +114,7 @@ spec:
       serviceAccountName: {{ .d.names.serviceAccount }}
       automountServiceAccountToken: {{ .d.nodeEvents | default false }}
       enableServiceLinks: false
-      priorityClassName: {{ $pod.priorityClassName | default "system-node-critical" }}
+      priorityClassName: {{ $priority }}
       hostNetwork: {{ $c.hostNetwork | default false }}
       {{- if $c.hostNetwork }}
       dnsPolicy: ClusterFirstWithHostNet
@@ -178,9 +185,9 @@ spec:
             {{- toYaml $readiness | nindent 12 }}
           {{- end }}
           securityContext:
-            {{- toYaml ($pod.securityContext | default $security) | nindent 12 }}
+            {{- toYaml $security | nindent 12 }}
           resources:
-            {{- toYaml ($c.resources | default (dict "requests" (dict "cpu" "10m" "memory" "64Mi") "limits" (dict "memory" "256Mi"))) | nindent 12 }}
+            {{- toYaml $resources | nindent 12 }}
           {{- with .d.terminationMessagePath }}
           terminationMessagePath: {{ . }}
           {{- end }}
