@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from chart_render import REPO, container, env_of, mounts_of, node_terms, template
+from chart_render import REPO, RenderError, container, env_of, mounts_of, node_terms, template
 
 pytestmark = pytest.mark.gotools  # helm, built from Go (the shared fixture in tests/e2e/conftest.py)
 CHART = REPO / "tests" / "sample_accelerator" / "chart"
@@ -68,3 +68,13 @@ def test_metrics_off_means_no_port_and_no_readiness_probe(helm: Path) -> None:
     r = template(helm, CHART, "--set", "devicePlugin.metrics.enabled=false", release="s")
     c = container(r.get("DaemonSet", "sacc-device-plugin"))
     assert env_of(c)["METRICS_PORT"] == "0" and "ports" not in c and "readinessProbe" not in c
+
+
+@pytest.mark.parametrize(("flag", "where"), [
+    ("devicePlugin.enabled=yes", "/devicePlugin/enabled"),
+    ("devicePlugin.metrics.port=70000", "/devicePlugin/metrics/port"),
+    ("logLevel=LOUD", "/logLevel"), ("kubeletRootDir=var/lib", "/kubeletRootDir")])
+def test_its_values_schema_refuses_bad_values(helm: Path, flag: str, where: str) -> None:
+    with pytest.raises(RenderError) as err:
+        template(helm, CHART, "--set", flag, release="s")
+    assert where in str(err.value)
