@@ -20,7 +20,7 @@ import yaml
 from accel_rig.containerdnode import RuntimeBinaries
 from accel_rig.controlplane import ControlPlane
 from accel_rig.nodelayout import CONTAINERD
-from chart_render import NEURON_CHART, NEURON_OCI, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
+from chart_render import EFA_CHART, NEURON_CHART, NEURON_OCI, SEED_DEVICE_PLUGIN_INSTALL, SEED_DRA_INSTALL
 from conftest import RealNode
 from lightkube import Client
 from runtime_helpers import BUSYBOX, REPO, Helm, allocatable, applied, ds_ready, rig_flags
@@ -31,6 +31,9 @@ Wait = Callable[..., Any]
 SAMPLE = REPO / "tests" / "sample_accelerator"
 CHART = SAMPLE / "chart"
 RESOURCE, TYPE, DEVICES, MAJOR = "example.com/sacc", "sacc.8xlarge", 4, 250
+#: docs/charts.md's EFA install (the seeds install only the Neuron chart).
+DOCS_EFA_INSTALL = "helm upgrade --install aws-efa-k8s-device-plugin ./charts/aws-efa-k8s-device-plugin " \
+                   "--namespace kube-system"
 SHOW = "ls -l /dev/ | grep sacc; echo ---env; env | sort; echo ---end; exec sleep 3600"
 
 
@@ -64,11 +67,14 @@ def helm(control_plane: ControlPlane, tmp_path: Path) -> Helm:
     return Helm(control_plane, tmp_path / "helm")
 
 
-@pytest.mark.parametrize("seed", [SEED_DRA_INSTALL, SEED_DEVICE_PLUGIN_INSTALL], ids=["dra", "device-plugin"])
+@pytest.mark.parametrize("seed", [SEED_DRA_INSTALL, SEED_DEVICE_PLUGIN_INSTALL, DOCS_EFA_INSTALL],
+                         ids=["dra", "device-plugin", "docs-efa"])
 def test_seed_installs_dry_run_print_nothing_on_stderr(helm: Helm, seed: str) -> None:
-    """Issue 34 item 8: no "found symbolic link" (or any other) line from helm for the seeds' commands."""
+    """Issue 34 item 8: no "found symbolic link" (or any other) line from helm for the seeds' commands (and the
+    docs' EFA one), the local chart standing in for the OCI one."""
     argv = shlex.split(seed.replace("\\\n", " "))
-    proc = helm_run(helm, *[str(NEURON_CHART) if a == NEURON_OCI else a for a in argv[1:]], "--dry-run")
+    local = {NEURON_OCI: str(NEURON_CHART), "./charts/aws-efa-k8s-device-plugin": str(EFA_CHART)}
+    proc = helm_run(helm, *[local.get(a, a) for a in argv[1:]], "--dry-run")
     assert proc.stderr == "", proc.stderr
     assert "kind: DaemonSet" in proc.stdout
 
