@@ -13,9 +13,11 @@ one device per logical NeuronCore consuming them, and the chips consuming all of
   Aligned 2- and 4-core devices as well would more than double the devices (trn2 at LNC 1: 224 core devices per
   node instead of 128), which every claim's selector is evaluated on, and would make an extended-resource count
   (``aws.amazon.com/neuroncore: N``, one device each) mean anything but N cores.
-- Core devices carry the chip's attributes (its ``deviceId``, topology and EFA group ids, NUMA node, PCIe root;
-  not ``pciBusID``: a core is not a PCI function) with ``resourceType`` ``neuron_core``, ``coreIndex`` (``k``) and,
-  where LNC applies, ``logicalNeuronCore`` (the LNC ``k`` is counted at).
+- Core devices carry few attributes, as kube-scheduler turns every attribute of every candidate device into CEL
+  values on each evaluation (64 more devices per trn2 node): ``resourceType`` ``neuron_core``, ``deviceId`` (the
+  chip: cores of one chip), ``coreIndex`` (``k``), ``logicalNeuronCore`` (the LNC ``k`` is counted at, where LNC
+  applies), ``instanceType``, and the chip's EFA groups ``resource.aws.com/devicegroup{1,4,8,16}_id`` (cores of
+  connected chips, and of a chip next to an EFA), where the chip has them.
 - Coexistence (:class:`CoreDevicesScanner`): a core device is the same hardware as its chip's
   ``aws.amazon.com/neuron`` ID and its own ``aws.amazon.com/neuroncore`` ID, so a chip a device-plugin pod holds
   keeps its cores unpublished too, and a core a DRA claim holds keeps that chip and core from the device plugin.
@@ -31,7 +33,7 @@ from accel_core.hostfiles import parse_index
 from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME, NEURON_RESOURCE, NEURONCORE_RESOURCE
 from neuron_dra.coreids import core_id
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
-from neuron_dra.dra.attributes import PCI_BUS_ID, device_attributes, device_name
+from neuron_dra.dra.attributes import device_attributes, device_name
 from neuron_dra.scanner import NeuronScanner
 
 RESOURCE_TYPE = "neuron_core"
@@ -91,12 +93,15 @@ def _consumes(chip: int, cores: Sequence[int] | range) -> dict[str, dict[str, in
     return {counter_set_name(chip): {counter_name(p): 1 for p in cores}}
 
 
+#: The chip's attributes a core device carries too (when the chip has them).
+CHIP_ATTRIBUTES = ("deviceId", "instanceType", *(f"resource.aws.com/devicegroup{n}_id" for n in (1, 4, 8, 16)))
+
+
 def core_attributes(inv: NeuronInventory, dev: NeuronDevice, core: int, dra_version: str,
                     chip_attrs: Mapping[str, AttributeValue] | None = None) -> dict[str, AttributeValue]:
-    attrs = dict(chip_attrs if chip_attrs is not None else device_attributes(inv, dev, dra_version))
-    attrs.pop(PCI_BUS_ID, None)
-    attrs["resourceType"] = RESOURCE_TYPE
-    attrs["coreIndex"] = core
+    chip = chip_attrs if chip_attrs is not None else device_attributes(inv, dev, dra_version)
+    attrs: dict[str, AttributeValue] = {"resourceType": RESOURCE_TYPE, "coreIndex": core}
+    attrs.update((k, chip[k]) for k in CHIP_ATTRIBUTES if k in chip)
     if inv.lnc_applies and inv.lnc is not None:
         attrs["logicalNeuronCore"] = inv.lnc
     return attrs

@@ -65,11 +65,11 @@ def test_core_devices_carry_the_chips_attributes_for_cel() -> None:
     chip, core = devs["neuron-device-5"].attributes, devs["neuron-device-5-core-3"].attributes
     assert core["resourceType"] == "neuron_core" and chip["resourceType"] == "neuron_device"
     assert core["deviceId"] == 5 and core["coreIndex"] == 3 and core["logicalNeuronCore"] == 2
-    # cores of one chip: deviceId; of connected chips: the torus row and EFA groups, as on the chip
-    for key in ("topology4_id", "topology8_id", "resource.aws.com/devicegroup4_id", "instanceType",
-                "resource.kubernetes.io/pcieRoot", "numaNode"):
+    # cores of one chip: deviceId; of connected chips and next to an EFA: the chip's EFA groups
+    groups = [f"resource.aws.com/devicegroup{n}_id" for n in (1, 4, 8, 16)]
+    assert set(core) == {"resourceType", "deviceId", "coreIndex", "logicalNeuronCore", "instanceType", *groups}
+    for key in ("instanceType", *groups):
         assert core[key] == chip[key], key
-    assert "resource.kubernetes.io/pciBusID" not in core  # a core is no PCI function
     assert "coreIndex" not in chip
 
 
