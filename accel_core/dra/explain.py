@@ -23,7 +23,16 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from accel_core.dra.explain_cel import CelRuntimeError, CelUnsupported, Selector, compile_selector, device_variable
+import msgspec
+
+from accel_core.dra.explain_cel import (
+    CelRuntimeError,
+    CelUnsupported,
+    Selector,
+    compile_selector,
+    device_context,
+    device_variable,
+)
 from accel_core.dra.explain_cel import parse_quantity as _quantity
 
 #: Steps of the device search per node before explain gives up on that node (the scheduler has a time limit too).
@@ -46,7 +55,8 @@ class Device:
     pool: str
     name: str
     raw: Mapping[str, Any]
-    variable: dict[str, Any]
+    _attributes: dict[str, Any] = field(default_factory=dict)
+    _uses: dict[tuple[str, str], Fraction] | None = None
 
     @property
     def id(self) -> DeviceId:
@@ -54,12 +64,27 @@ class Device:
 
     def attribute(self, qualified: str) -> Any:
         """The value of a fully qualified attribute (an unqualified one is in the driver's domain), or None."""
-        attrs = self.raw.get("attributes") or {}
-        domain, _, ident = qualified.partition("/")
-        value = attrs.get(qualified, attrs.get(ident) if domain == self.driver else None)
-        if value is None:
-            return None
-        return next((v if not isinstance(v, list) else tuple(v)) for v in value.values())
+        if qualified not in self._attributes:
+            attrs = self.raw.get("attributes") or {}
+            domain, _, ident = qualified.partition("/")
+            value = attrs.get(qualified, attrs.get(ident) if domain == self.driver else None)
+            self._attributes[qualified] = None if value is None else next(
+                (v if not isinstance(v, list) else tuple(v)) for v in value.values())
+        return self._attributes[qualified]
+
+    def content(self) -> bytes:
+        """What a selector can see of it (driver, attributes, capacity): devices alike in these match alike."""
+        return msgspec.json.encode([self.driver, self.raw.get("attributes"), self.raw.get("capacity"),
+                                    self.raw.get("allowMultipleAllocations")], order="sorted")
+
+    def uses(self) -> dict[tuple[str, str], Fraction]:
+        """The shared counters it consumes: (counter set, counter) -> amount."""
+        if self._uses is None:
+            self._uses = defaultdict(Fraction)
+            for use in self.raw.get("consumesCounters") or []:
+                for counter, value in (use.get("counters") or {}).items():
+                    self._uses[(use["counterSet"], counter)] += _quantity(str(value.get("value", "0")))
+        return self._uses
 
 
 @dataclass
@@ -98,17 +123,9 @@ def inventory(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
                 for counter, value in (counter_set.get("counters") or {}).items():
                     pool.counters[(counter_set["name"], counter)] = _quantity(str(value.get("value", "0")))
             for raw in spec.get("devices") or []:
-                pool.devices.append(Device(driver, name, raw["name"], raw, device_variable(driver, raw)))
+                pool.devices.append(Device(driver, name, raw["name"], raw))
         pools.append(pool)
     return pools
-
-
-def consumption(device: Device) -> dict[tuple[str, str], Fraction]:
-    out: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
-    for use in device.raw.get("consumesCounters") or []:
-        for counter, value in (use.get("counters") or {}).items():
-            out[(use["counterSet"], counter)] += _quantity(str(value.get("value", "0")))
-    return out
 
 
 # -- what is asked ---------------------------------------------------------------------------------------------------
@@ -220,13 +237,25 @@ class Explainer:
         self.allocated = allocated  #: device -> the claim holding it
         self.hints = hints or ExplainHints()
         self.requests, self.constraints = requests_of(self.claims)
+        self._pools = {(p.driver, p.name): p for p in self.pools}
+        self._node_pools: dict[str | None, list[Pool]] = defaultdict(list)
+        for p in self.pools:
+            self._node_pools[p.node].append(p)
         self._selectors: dict[str, Selector | str] = {}
-        self._match: dict[tuple[DeviceId, str], bool | str] = {}
+        self._content: dict[DeviceId, bytes] = {}
+        self._match: dict[tuple[bytes, str], bool | str] = {}  #: (device content, expression) -> verdict
+        self._contexts: dict[bytes, Any] = {}
+        expressions = [e for r in self.requests for a in r.alternatives for e in a.selectors]
+        expressions += [s["cel"]["expression"] for r in self.requests for a in r.alternatives
+                        for s in (self.classes.get(a.class_name, {}).get("spec") or {}).get("selectors") or []
+                        if "cel" in s]
+        self._domains = tuple(dict.fromkeys(d for e in expressions if isinstance(c := self._selector(e), Selector)
+                                            for d in c.literals))
         self.used_counters: dict[tuple[str, str, str, str], Fraction] = defaultdict(Fraction)
         by_id = {d.id: d for p in self.pools for d in p.devices}
         for dev_id in allocated:
             if dev_id in by_id:
-                for key, value in consumption(by_id[dev_id]).items():
+                for key, value in by_id[dev_id].uses().items():
                     self.used_counters[(dev_id[0], dev_id[1], *key)] += value
 
     def nodes(self) -> list[str]:
@@ -246,17 +275,26 @@ class Explainer:
 
     def _passes(self, device: Device, expression: str) -> bool | str:
         """True/False, or the error text (unsupported or a runtime error)."""
-        key = (device.id, expression)
+        content = self._content.get(device.id)
+        if content is None:
+            content = self._content[device.id] = device.content()
+        key = (content, expression)
         if key not in self._match:
             selector = self._selector(expression)
             if isinstance(selector, str):
                 self._match[key] = f"unsupported: {selector}"
             else:
+                if content not in self._contexts:
+                    self._contexts[content] = device_context(device_variable(device.driver, device.raw),
+                                                             self._domains)
                 try:
-                    self._match[key] = selector.matches(device.variable)
+                    self._match[key] = selector.matches({}, self._contexts[content])
                 except CelRuntimeError as exc:
-                    self._match[key] = f"CEL runtime error on device {device.name}: {exc}"
-        return self._match[key]
+                    self._match[key] = f"CEL runtime error: {exc}"
+        verdict = self._match[key]
+        if isinstance(verdict, str) and verdict.startswith("CEL runtime error: "):
+            return verdict.replace("CEL runtime error: ", f"CEL runtime error on device {device.name}: ", 1)
+        return verdict
 
     # -- one alternative on one node ---------------------------------------------------------------------------------
     def filter(self, node: str, alt: Alternative) -> Filtered:
@@ -268,8 +306,8 @@ class Explainer:
         selectors = [(f"selector #{i} of class {alt.class_name}", s["cel"]["expression"])
                      for i, s in enumerate((cls.get("spec") or {}).get("selectors") or []) if "cel" in s]
         selectors += [(f"selector #{i} of the request", e) for i, e in enumerate(alt.selectors)]
-        pools = [p for p in self.pools if p.complete and p.node in (node, None)]
-        if alt.all_devices and any(not p.complete and p.node == node for p in self.pools):
+        pools = [p for p in self._node_pools[node] + self._node_pools[None] if p.complete]
+        if alt.all_devices and any(not p.complete for p in self._node_pools[node]):
             out.error = "asks for all devices, but a pool of the node is being updated"
         for pool in pools:
             for device in pool.devices:
@@ -302,8 +340,8 @@ class Explainer:
                 return f"tainted {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
         if device.raw.get("bindingConditions"):
             return "has binding conditions (not modelled by explain)"
-        pool = next(p for p in self.pools if p.driver == device.driver and p.name == device.pool)
-        for (counter_set, counter), value in consumption(device).items():
+        pool = self._pools[(device.driver, device.pool)]
+        for (counter_set, counter), value in device.uses().items():
             left = pool.counters.get((counter_set, counter), Fraction(0)) - \
                 self.used_counters[(device.driver, device.pool, counter_set, counter)]
             if value > left:
@@ -322,7 +360,7 @@ class Explainer:
             return verdict
         search = _Search(self, filtered)
         try:
-            found = search.run()
+            found = not self._hopeless(filtered) and search.run()
         except _LimitReached:
             verdict.fits = None
             verdict.reasons = [f"explain gave up after {SEARCH_LIMIT} steps of the device search"]
@@ -333,6 +371,22 @@ class Explainer:
             return verdict
         verdict.reasons = self._why_not(filtered)
         return verdict
+
+    def _hopeless(self, filtered: Mapping[tuple[int, str], Filtered]) -> bool:
+        """A matchAttribute constraint on one single-choice request whose largest group of free devices sharing
+        a value is smaller than the count: no search can succeed (it would try every first device)."""
+        for c in self.constraints:
+            if c.kind != "matchAttribute":
+                continue
+            covered = [r for r in self.requests if any(c.covers(r.claim, r.name, a.name) for a in r.alternatives)]
+            if len(covered) != 1 or len(covered[0].alternatives) != 1 or covered[0].alternatives[0].all_devices:
+                continue
+            alt = covered[0].alternatives[0]
+            groups = Counter(d.attribute(c.attribute) for d in filtered[(covered[0].claim, alt.name)].free)
+            groups.pop(None, None)
+            if max(groups.values(), default=0) < alt.count:
+                return True
+        return False
 
     def _why_not(self, filtered: Mapping[tuple[int, str], Filtered]) -> list[str]:
         reasons = []
@@ -478,8 +532,8 @@ class _Search:
             if c.kind == "distinctAttribute" and value in seen:
                 return None
             touched.append(ci)
-        pool = next(p for p in self.e.pools if p.driver == device.driver and p.name == device.pool)
-        use = consumption(device)
+        pool = self.e._pools[(device.driver, device.pool)]
+        use = device.uses()
         for (counter_set, counter), value in use.items():
             key = (device.driver, device.pool, counter_set, counter)
             if self.e.used_counters[key] + self.counters[key] + value > pool.counters.get((counter_set, counter), 0):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -188,23 +188,29 @@ def device_variable(driver: str, device: Mapping[str, Any]) -> dict[str, Any]:
 _LITERAL = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
 
 
+def device_context(device: Mapping[str, Any], domains: Iterable[str]) -> Any:
+    """The evaluation context for one device (from :func:`device_variable`), shared by its selectors; ``domains``
+    (every string literal of those selectors) read as empty maps where the device lacks them, as in Kubernetes."""
+    variable = {**device, "attributes": dict(device["attributes"]), "capacity": dict(device["capacity"])}
+    for domain in domains:
+        variable["attributes"].setdefault(domain, {})
+        variable["capacity"].setdefault(domain, {})
+    return _library().Context(variables={"device": variable}, functions=dict(FUNCTIONS))
+
+
 @dataclass(frozen=True)
 class Selector:
     """One compiled ``cel.expression``."""
 
     expression: str
     _program: Any
-    _literals: tuple[str, ...]
+    literals: tuple[str, ...]
 
-    def matches(self, device: Mapping[str, Any]) -> bool:
-        """Whether ``device`` (from :func:`device_variable`) passes; CelRuntimeError as the scheduler would fail."""
-        variable = {**device, "attributes": dict(device["attributes"]), "capacity": dict(device["capacity"])}
-        for domain in self._literals:  # Kubernetes: a domain the device lacks is an empty map
-            variable["attributes"].setdefault(domain, {})
-            variable["capacity"].setdefault(domain, {})
-        context = _library().Context(variables={"device": variable}, functions=dict(FUNCTIONS))
+    def matches(self, device: Mapping[str, Any], context: Any = None) -> bool:
+        """Whether ``device`` (from :func:`device_variable`) passes; CelRuntimeError as the scheduler would fail.
+        ``context``: from :func:`device_context` with at least this selector's literals (else made here)."""
         try:
-            result = self._program.execute(context)
+            result = self._program.execute(context or device_context(device, self.literals))
         except KeyError as exc:
             raise CelRuntimeError(f"no such key: {exc.args[0] if exc.args else exc}") from None
         except (RuntimeError, ValueError, TypeError) as exc:
