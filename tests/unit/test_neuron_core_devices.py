@@ -14,6 +14,7 @@ per device, 64 devices per slice once a device consumes counters, and a slice ho
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from accel_core.dra.types import ClaimError
 from accel_core.hostscan import held_device_plugin_ids, held_dra_devices
 from accel_core.paths import HostPaths
 from neuron_dra.discovery import NeuronInventory
+from neuron_dra.dra import cli as dra_cli
 from neuron_dra.dra import cores
 from neuron_dra.dra.config import NeuronConfig
 from neuron_dra.dra.profile import NeuronProfile
@@ -236,3 +238,27 @@ def test_a_sick_chip_makes_its_cores_sick_and_they_get_its_taint(tmp_path: Path)
     taints = {d.name: d.taints for d in tainted("neuron.aws.com", s.devices, s.health)}
     assert taints["neuron-device-3-core-2"] == taints["neuron-device-3"] != ()
     assert taints["neuron-device-4-core-0"] == ()
+
+
+# -- the command line ------------------------------------------------------------------------------------------------
+def test_slices_with_core_devices_from_the_flag_or_the_chart_env(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(shared_host("trn2.48xlarge").root)
+    args = ["slices", "--host-root", root, "--node-name", "n1", "--output", "json"]
+
+    def printed() -> tuple[list[int], list[int]]:
+        slices = json.loads(capsys.readouterr().out)
+        return ([len(s["spec"].get("sharedCounters") or []) for s in slices],
+                [len(s["spec"].get("devices") or []) for s in slices])
+
+    assert dra_cli.main(args) == 0
+    assert printed() == ([0], [16])  # off by default: the chips alone
+    assert dra_cli.main([*args, "--core-devices", "on"]) == 0
+    assert printed() == ([8, 8, 0, 0], [0, 0, 64, 16])  # 16 counter sets, 8 per slice; 80 devices, 64 per slice
+    monkeypatch.setenv("CORE_DEVICES", "on")  # what the chart sets
+    assert dra_cli.main(args) == 0
+    assert printed() == ([8, 8, 0, 0], [0, 0, 64, 16])
+    monkeypatch.setenv("CORE_DEVICES", "yes")
+    with pytest.raises(SystemExit):
+        dra_cli.main(args)
+    assert "CORE_DEVICES" in capsys.readouterr().err
