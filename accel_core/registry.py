@@ -4,7 +4,7 @@ entry points of group ``aws_accel_agents.accelerators`` (``[project.entry-points
 Entry points, not a list in the core: the installed metadata is where Python already keeps console scripts, so an
 accelerator in its own distribution (tests/sample_accelerator) registers without editing any core file, and the image
 holds exactly the accelerators installed into it. A declaration names, as ``module:attribute`` strings loaded only
-when asked for, its catalog sections and extra catalog file, its fake-host writer (dev-only), and its daemons with
+when asked for, its catalog sections and catalog file, its fake-host part (dev-only), and its daemons with
 their console scripts and ports. :func:`check` refuses two declarations claiming one name, console script, node
 port (metrics or health) or catalog section, naming both.
 
@@ -67,9 +67,11 @@ class Accelerator:
     catalog_sections: Mapping[str, str] = field(default_factory=dict)
     """Catalog section key -> ``module:Struct`` that decodes it (a msgspec Struct)."""
     catalog_file: str | None = None
-    """``package:file.yaml``: extra instance types, in the format of ``accel_core/awsfacts/instances.yaml``."""
+    """``package:file.yaml``: its sections of the instance types it knows (``types: {name: {family, <section>:
+    ...}}``, optional ``defaults``); the catalog merges every accelerator's file by type."""
     fakehost: str | None = None
-    """``module:attribute`` of its fake-host writer (:class:`accel_core.fakehost.parts.HostPart` subclass)."""
+    """``module:attribute`` of its fake-host part (:class:`accel_core.fakehost.parts.HostPart` subclass): its
+    files, mutations, build flags, fault verbs and ``fake-sysfs --list`` columns."""
     distribution: str = ""
     """The installed distribution that declares it (filled in by :func:`accelerators`)."""
 

@@ -227,25 +227,39 @@ def _check(itype: InstanceType) -> None:
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(defaults, types)`` of a catalog file's text."""
+@dataclass(frozen=True)
+class _File:
+    """A catalog file, composed (libyaml) but not constructed: a daemon builds the one type it asks for."""
+
+    source: str
+    defaults: dict[str, Any]
+    types: dict[str, yaml.Node]
+
+
+def _construct(node: yaml.Node | None) -> Any:
+    return _SAFE_LOADER("").construct_document(node)
+
+
+def _compose(text: str, source: str) -> _File:
     try:
-        data = yaml.load(text, Loader=_SAFE_LOADER)  # noqa: S506 - a safe loader (libyaml's when present)
+        root = yaml.compose(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict):
-        raise CatalogError(f"{source}: expected a mapping, got {type(data).__name__}")
-    defaults, types = data.get("defaults") or {}, data.get("types")
-    if not isinstance(defaults, dict):
+    if not isinstance(root, yaml.MappingNode):
+        raise CatalogError(f"{source}: expected a mapping, got {type(_construct(root)).__name__}")
+    top = {str(key.value): value for key, value in root.value}
+    defaults = _construct(top["defaults"]) if "defaults" in top else {}
+    if not isinstance(defaults or {}, dict):
         raise CatalogError(f"{source}: defaults: expected a mapping")
-    if not isinstance(types, dict):
+    types = top.get("types")
+    if not isinstance(types, yaml.MappingNode):
         raise CatalogError(f"{source}: missing 'types'")
-    return defaults, types
+    return _File(source, defaults or {}, {str(key.value): value for key, value in types.value})
 
 
 @cache
-def _registered_texts() -> tuple[tuple[str, str], ...]:
-    """``(source, text)`` of each registered accelerator's catalog file, then the catalog's own file."""
+def _registered() -> tuple[_File, ...]:
+    """Each registered accelerator's catalog file, then the catalog's own file."""
     out = []
     for acc in accelerators():
         if acc.catalog_file is None:
@@ -253,52 +267,45 @@ def _registered_texts() -> tuple[tuple[str, str], ...]:
         package, _, name = acc.catalog_file.partition(":")
         source = f"{acc.name} catalog {acc.catalog_file}"
         try:
-            out.append((source, resources.files(package).joinpath(name).read_text(encoding="utf-8")))
+            out.append(_compose(resources.files(package).joinpath(name).read_text(encoding="utf-8"), source))
         except (OSError, ModuleNotFoundError) as exc:
             raise CatalogError(f"{source}: cannot read it ({exc})") from None
     own = resources.files(__package__ or "").joinpath("instances.yaml").read_text(encoding="utf-8")
-    return (*out, ("instances.yaml", own))
+    return (*out, _compose(own, "instances.yaml"))
 
 
 @cache
 def _registered_defaults() -> dict[str, Any]:
     """Every registered file's ``defaults``: a file given to :func:`load` falls back to them."""
-    return {k: v for source, text in _registered_texts() for k, v in _yaml(text, source)[0].items()}
+    return {key: value for file in _registered() for key, value in file.defaults.items()}
 
 
-def _parse(files: Iterable[tuple[str, str]]) -> dict[str, InstanceType]:
-    """The merged catalog of ``(source, text)`` files, in order of first appearance."""
-    found: dict[str, list[tuple[str, _Part]]] = {}
-    for source, text in files:
-        own, types = _yaml(text, source)
-        defaults = {**_registered_defaults(), **own}
-        for name, body in types.items():
-            found.setdefault(str(name), []).append((source, _parse_type(str(name), body, defaults, source)))
-    return {name: _merge(name, parts) for name, parts in found.items()}
+def _type(name: str, files: Iterable[_File]) -> InstanceType:
+    parts = [(f.source, _parse_type(name, _construct(f.types[name]), {**_registered_defaults(), **f.defaults},
+                                    f.source)) for f in files if name in f.types]
+    return _merge(name, parts)
+
+
+def _names(files: Iterable[_File]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for f in files for name in f.types))
 
 
 def load(*paths: Path) -> dict[str, InstanceType]:
-    """``{name: InstanceType}`` merged from the catalog files ``paths`` (by default: the catalog's own file and
-    every registered accelerator's)."""
-    if not paths:
-        return dict(_default_catalog())
-    return _parse((str(path), path.read_text(encoding="utf-8")) for path in paths)
-
-
-@cache
-def _default_catalog() -> dict[str, InstanceType]:
-    return _parse(_registered_texts())
+    """``{name: InstanceType}`` merged from the catalog files ``paths`` (by default: every registered
+    accelerator's catalog file and the catalog's own)."""
+    files = tuple(_compose(path.read_text(encoding="utf-8"), str(path)) for path in paths) or _registered()
+    return {name: _type(name, files) if paths else get(name) for name in _names(files)}
 
 
 def names() -> tuple[str, ...]:
     """Instance types in catalog order: by first appearance in the accelerators' files, then the catalog's own."""
-    return tuple(_default_catalog())
+    return _names(_registered())
 
 
+@cache
 def get(instance_type: str) -> InstanceType:
-    """The catalog entry for ``instance_type``; :class:`UnknownInstanceType` (a KeyError) if absent."""
-    catalog = _default_catalog()
-    try:
-        return catalog[instance_type]
-    except KeyError:
-        raise UnknownInstanceType(instance_type, tuple(catalog)) from None
+    """The catalog entry for ``instance_type``; :class:`UnknownInstanceType` (a KeyError) if absent. Only that
+    type's entries are built (a daemon asks for one)."""
+    if instance_type not in names():
+        raise UnknownInstanceType(instance_type, names())
+    return _type(instance_type, _registered())

@@ -65,3 +65,18 @@ def test_a_name_that_is_no_section_is_an_attribute_error() -> None:
     assert trn1.efa is None and trn1.neuron is not None  # a registered section: None when the type has none
     with pytest.raises(AttributeError, match="'efa_count'.*known: efa, gpus, neuron, other_rdma"):
         _ = trn1.efa_count
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("types: [\n", "not valid YAML: "),
+    ("- a\n", "expected a mapping, got list"),
+    ("defaults: [1]\ntypes: {}\n", "defaults: expected a mapping"),
+    ("defaults: {}\n", "missing 'types'"),
+    ("types:\n  z1.big: [1]\n", "z1.big: expected a mapping, got list"),
+])
+def test_a_malformed_file_is_one_line_naming_it(tmp_path: Path, text: str, error: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    with pytest.raises(catalog.CatalogError) as err:
+        catalog.load(bad)
+    assert str(err.value).startswith(f"{bad}: {error}") and "\n" not in str(err.value), str(err.value)
