@@ -68,9 +68,11 @@ def node_dirs(state_dir: Path) -> list[Path]:
 def _lnc_for(instance_type: str, lnc: int | None) -> int | None:
     """``--lnc`` applies to the nodes whose instance type has a Logical NeuronCore setting."""
     from accel_core.awsfacts.catalog import UnknownInstanceType, get
+    from accel_core.fakehost.parts import part_types
 
     try:
-        return lnc if lnc is not None and get(instance_type).supports_lnc else None
+        spec = get(instance_type)
+        return lnc if lnc is not None and all(p.applies(spec, "lnc") for p in part_types()) else None
     except UnknownInstanceType:
         return lnc  # the host build names the unknown type
 
