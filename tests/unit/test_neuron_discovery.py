@@ -15,7 +15,8 @@ from accel_core.awsfacts import catalog
 from accel_core.fakehost import FakeHost
 from accel_core.paths import HostPaths
 from neuron_dra.deviceplugin import cli
-from neuron_dra.discovery import LNC_FILE, discover, parse_connected, parse_lnc
+from neuron_dra.discovery import LNC_FILE, discover
+from neuron_dra.driver_sysfs import parse_connected, parse_lnc
 
 TRN2 = ("trn2.3xlarge", "trn2.48xlarge", "trn2u.48xlarge")
 
