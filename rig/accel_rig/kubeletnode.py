@@ -195,7 +195,7 @@ class KubeletNode:
         for d in (lay.kubelet_root, lay.device_plugins_dir, lay.var_log, lay.cdi_root, lay.proc_sys, lay.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._write_credentials()
-        self._write_sysctl_files()
+        write_sysctl_files(self.layout.proc_sys)
         if self.runtime == CONTAINERD:
             self.slot = claim_slot(self.routes_dir, self.name)
             self.ports = _free_ports(2, loopback_ip(self.slot))
@@ -337,9 +337,6 @@ class KubeletNode:
             issue_client_cert(self.pki, self.layout.pki_dir, "kube-proxy", "/CN=system:kube-proxy",
                               days=self._cert_days)
 
-    def _write_sysctl_files(self) -> None:
-        write_sysctl_files(self.layout.proc_sys)
-
     def _write_config(self) -> None:
         config = kubelet_configuration(self.layout, self.ports, self.pki.ca_cert, self._feature_gates)
         self.layout.config.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -376,10 +373,6 @@ class KubeletNode:
             *self._extra_args,
         ]
 
-    def _namespace_script(self) -> str:
-        """Shell run by ``unshare --mount``: the private mounts, then exec the kubelet."""
-        return namespace_script(self.layout, self._kubelet_argv())
-
     def _start_containerd(self) -> None:
         api_port = urllib.parse.urlsplit(self.server).port or 443
         sysctls = [(self.layout.proc_sys / e.replace("/", "."), e) for e in KUBELET_SYSCTLS]
@@ -399,7 +392,8 @@ class KubeletNode:
         if self._containerd is not None:
             cmd = self._containerd.enter(self._kubelet_argv())
         else:
-            cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", self._namespace_script()]
+            script = namespace_script(self.layout, self._kubelet_argv())
+            cmd = ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script]
         # An empty working directory of its own: the kubelet's container GC removes relative paths (a log path a
         # runtime left empty resolves to the cwd), which must never reach the node's files.
         cwd = self.layout.dir / "kubelet-cwd"
