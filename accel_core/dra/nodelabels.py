@@ -49,9 +49,11 @@ def label_attributes(labels: Mapping[str, str] | None, mapping: Mapping[str, str
 
 def with_attributes(devices: Sequence[SliceDevice], extra: Mapping[str, str]) -> list[SliceDevice]:
     """``devices`` with ``extra`` added to each; a device's own attribute of the same name wins, and a device with
-    no room left (32 attributes and capacities) keeps what it has."""
+    no room left (32 attributes and capacities) keeps what it has. A device with a ``node_label_gate`` is left out
+    unless ``extra`` gives that attribute the value ``true`` (devices a node pool opts in to by a Node label)."""
+    devices = [d for d in devices if d.node_label_gate is None or extra.get(d.node_label_gate) == "true"]
     if not extra:
-        return list(devices)
+        return devices
     out = []
     for dev in devices:
         add = {k: v for k, v in extra.items() if k not in dev.attributes}

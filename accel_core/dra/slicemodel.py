@@ -80,6 +80,9 @@ class SliceDevice:
     taints: tuple[Taint, ...] = ()
     consumes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Shared counters this device uses up while allocated: counter set -> counter -> amount."""
+    node_label_gate: str | None = None
+    """Published only while the driver's Node gives this node-label attribute the value ``true``
+    (:func:`accel_core.dra.nodelabels.with_attributes`); None: always. Not part of the API object."""
 
     def to_api(self) -> api.Device:
         return api.Device(
@@ -199,13 +202,13 @@ def validate_devices(devices: Sequence[SliceDevice], counters: Sequence[CounterS
     """Validate every device, that names are unique within the pool, the counter sets (DNS-label names, unique,
     1 to 32 counters), and that a device consumes from at most 2 sets, and only counters that exist."""
     known: dict[str, Mapping[str, int]] = {}
-    for cs in counters:
-        bad = [n for n in (cs.name, *cs.counters) if not is_label(n)]
-        if bad or cs.name in known or not 0 < len(cs.counters) <= MAX_COUNTERS_PER_SET:
-            why = (f"{bad[0]!r} is not a DNS label" if bad else "name used twice in the pool" if cs.name in known
-                   else f"{len(cs.counters)} counters, not 1 to {MAX_COUNTERS_PER_SET}")
-            raise SliceValidationError(f"counter set {cs.name!r}: {why}")
-        known[cs.name] = cs.counters
+    for cset in counters:
+        bad = [n for n in (cset.name, *cset.counters) if not is_label(n)]
+        if bad or cset.name in known or not 0 < len(cset.counters) <= MAX_COUNTERS_PER_SET:
+            why = (f"{bad[0]!r} is not a DNS label" if bad else "name used twice in the pool" if cset.name in known
+                   else f"{len(cset.counters)} counters, not 1 to {MAX_COUNTERS_PER_SET}")
+            raise SliceValidationError(f"counter set {cset.name!r}: {why}")
+        known[cset.name] = cset.counters
     seen: set[str] = set()
     for device in devices:
         validate_device(device)

@@ -10,14 +10,16 @@ from accel_core.cli import env_choice
 from accel_core.dra.cli import DriverCli
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.accelerator import DRA_DRIVER
+from neuron_dra.dra.cores import MODES, NODE_LABEL
 from neuron_dra.dra.explain_hints import NEURON_EXPLAIN_HINTS
 from neuron_dra.dra.profile import NeuronProfile
 from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
 #: ``--core-devices``: publish each chip's NeuronCores as devices too (neuron_dra.dra.cores).
-CORE_DEVICES_FLAG = env_choice("--core-devices", "CORE_DEVICES", ("off", "on"), "off",
+CORE_DEVICES_FLAG = env_choice("--core-devices", "CORE_DEVICES", MODES, "off",
                                "also publish every chip's logical NeuronCores as devices (DeviceClass "
-                               "neuroncore.aws.com), sharing the chip's counters")
+                               "neuroncore.aws.com), sharing the chip's counters; node-label: only on Nodes "
+                               f"labelled {NODE_LABEL}=true")
 
 METRICS_PORT = DRA_DRIVER.metrics_port
 

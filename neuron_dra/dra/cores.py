@@ -38,6 +38,12 @@ from neuron_dra.scanner import NeuronScanner
 
 RESOURCE_TYPE = "neuron_core"
 CORE_INFIX = "-core-"
+#: ``--core-devices node-label``: core devices only on Nodes labelled ``neuron.aws.com/core-devices=true`` (a node
+#: pool opts in), through the driver's Node watch (:mod:`accel_core.dra.nodelabels`), which also gives every device
+#: of such a node the attribute ``coreDevices`` = ``true``.
+NODE_LABEL = f"{DRA_DRIVER_NAME}/core-devices"
+GATE_ATTRIBUTE = "coreDevices"
+MODES = ("off", "on", "node-label")
 #: The DeviceClass ``neuroncore.aws.com``: the core devices.
 CORE_CLASS = "neuroncore.aws.com"
 CORE_CLASS_SELECTOR = (f'device.driver == "{DRA_DRIVER_NAME}" && '
@@ -107,10 +113,11 @@ def core_attributes(inv: NeuronInventory, dev: NeuronDevice, core: int, dra_vers
     return attrs
 
 
-def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version: str
-                ) -> tuple[list[SliceDevice], list[CounterSet]]:
+def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version: str, *,
+                gate: str | None = None) -> tuple[list[SliceDevice], list[CounterSet]]:
     """The chips (each now consuming its whole counter set), then every chip's core devices in chip order, and
-    the counter sets. ``chips`` are the chip devices in ``inv.devices`` order."""
+    the counter sets. ``chips`` are the chip devices in ``inv.devices`` order; ``gate``: the core devices'
+    ``node_label_gate`` (published only on Nodes that opt in)."""
     out_chips: list[SliceDevice] = []
     cores: list[SliceDevice] = []
     counters: list[CounterSet] = []
@@ -124,7 +131,8 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
         for k in range(logical_cores(dev, inv.lnc)):
             cores.append(SliceDevice(core_device_name(dev.index, k),
                                      core_attributes(inv, dev, k, dra_version, chip.attributes),
-                                     consumes=_consumes(dev.index, physical_cores(inv.lnc, k))))
+                                     consumes=_consumes(dev.index, physical_cores(inv.lnc, k)),
+                                     node_label_gate=gate))
     return out_chips + cores, counters
 
 

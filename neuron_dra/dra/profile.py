@@ -17,7 +17,8 @@
 - nothing is published or prepared while the Neuron device plugin runs on the node;
 - with ``core_devices="on"`` (``--core-devices``) each chip's logical NeuronCores are devices too, sharing the
   chip's per-core counters (:mod:`.cores`); a core device's container gets its chip's ``/dev/neuron<i>`` and only
-  its cores.
+  its cores. ``node-label``: the same, but the core devices are published only while the Node carries
+  ``neuron.aws.com/core-devices=true`` (opt-in per node pool).
 """
 
 from __future__ import annotations
@@ -50,8 +51,14 @@ class NeuronProfile:
 
     def __init__(self, scanner: NeuronScanner | None = None, *, core_numbering: CoreNumbering = "container",
                  core_devices: str = "off") -> None:
-        self.core_devices = core_devices == "on"
+        if core_devices not in cores.MODES:
+            raise ValueError(f"core_devices: {core_devices!r} is not one of {', '.join(cores.MODES)}")
+        self.core_devices = core_devices != "off"
         """Publish each chip's NeuronCores as devices too (:mod:`.cores`)."""
+        self.core_gate = cores.GATE_ATTRIBUTE if core_devices == "node-label" else None
+        """With ``node-label``: only while the Node carries ``neuron.aws.com/core-devices=true``."""
+        self.label_attributes = ({**NODE_LABEL_ATTRIBUTES, cores.NODE_LABEL: cores.GATE_ATTRIBUTE}
+                                 if self.core_gate else NODE_LABEL_ATTRIBUTES)
         if scanner is None:
             scanner = cores.CoreDevicesScanner() if self.core_devices else NeuronScanner()
         self.scanner = scanner
@@ -65,7 +72,7 @@ class NeuronProfile:
         devices = slice_devices(inv, dra_version)
         counters: tuple[CounterSet, ...] = ()
         if self.core_devices and devices:
-            parts, chip_sets = cores.partitioned(inv, devices, dra_version)
+            parts, chip_sets = cores.partitioned(inv, devices, dra_version, gate=self.core_gate)
             devices, counters = parts, tuple(chip_sets)
             for dev in devices:  # a core is as healthy as its chip
                 core = cores.parse_core_device(dev.name)
@@ -83,7 +90,7 @@ class NeuronProfile:
                 health[us_dra.NODE_DEVICE] = sick
             summary = {**summary, "ultraserver": ids.server_id_4, "ultraserver_node": ids.node_id_4}
         return Scan(inv, tuple(devices), health, host.problems, summary, counters=counters,
-                    node_labels=us_facts.node_labels(ids), node_label_attributes=NODE_LABEL_ATTRIBUTES)
+                    node_labels=us_facts.node_labels(ids), node_label_attributes=self.label_attributes)
 
     @staticmethod
     def _us_consumes(device: SliceDevice, lnc: int | None) -> dict[str, dict[str, int]]:

@@ -29,7 +29,7 @@ from accel_rig.controlplane import ControlPlane
 from conftest import REPO_ROOT, Daemon, RealNode
 from kube_helpers import cdi_edits, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client, codecs
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
 from neuron_dra.dra.cores import CHIP_CLASS_SELECTOR, CORE_CLASS_SELECTOR
@@ -208,3 +208,35 @@ def test_cores_of_one_chip_and_device_plugin_pod_specs(kubelet_node: MakeNode, d
     assert set(env) == {"NEURON_RT_VISIBLE_CORES"} and core_set(env["NEURON_RT_VISIBLE_CORES"]) == local_cores(dp)
     status = json.loads(json.dumps(kube_client.get(Pod, "dp-spec", namespace=namespace).to_dict()["status"]))
     assert status["extendedResourceClaimStatus"]["requestMappings"][0]["resourceName"] == "aws.amazon.com/neuroncore"
+
+
+def test_a_node_pool_opts_in_by_its_node_label(kubelet_node: MakeNode, daemon: StartDaemon, kube_client: Client,
+                                               classes: None, namespace: str, wait: Wait) -> None:
+    """``CORE_DEVICES=node-label`` (chart ``coreDevices.labelledNodesOnly``): the cores come and go with the Node's
+    ``neuron.aws.com/core-devices=true`` label; a core pod waits for them."""
+    node = kubelet_node("trn2.48xlarge")
+    driver = daemon("neuron-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1",
+                    "--rescan-interval", "1", env=node.env(POD_UID="label-pod", CORE_DEVICES="node-label"))
+
+    def published() -> int:
+        return sum(len(s.spec.devices or []) for s in kube_client.list(
+            ResourceSlice, fields={"spec.nodeName": node.name, "spec.driver": DRIVER}))
+
+    wait(lambda: published() == CHIPS, "the chips alone on an unlabelled node", timeout=60)
+    wait(lambda: "kubelet registered the DRA plugin" in driver.tail(200), "the kubelet's registration", timeout=30)
+    template(kube_client, namespace, "a-core", "neuroncore.aws.com")
+    create_pod(kube_client, namespace, "core", node.name, claims=[("neurons", "a-core")])
+    stays_pending(kube_client, namespace, "core", wait, seconds=3)
+
+    def label(value: str | None) -> None:
+        kube_client.patch(Node, node.name, {"metadata": {"labels": {"neuron.aws.com/core-devices": value}}})
+
+    label("true")
+    wait(lambda: published() == CHIPS + CORES, "the cores published once the Node is labelled", timeout=30)
+    wait(lambda: pod_phase(kube_client, namespace, "core") == "Running", "core Running", timeout=120)
+    [core] = allocated(kube_client, namespace, "core")
+    nodes, env = edits(node, namespace, "core")
+    chip = int(core.split("-")[2])
+    assert nodes == {f"/dev/neuron{chip}"} and env == {"NEURON_RT_VISIBLE_CORES": core.rsplit("-", 1)[1]}
+    label(None)
+    wait(lambda: published() == CHIPS, "the cores withdrawn once the label is gone", timeout=30)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hostcache import copy_host, shared_host
 
+from accel_core.dra.nodelabels import label_attributes, with_attributes
 from accel_core.dra.profile import tainted
 from accel_core.dra.publisher import build_slices
 from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationError, validate_devices
@@ -262,3 +263,29 @@ def test_slices_with_core_devices_from_the_flag_or_the_chart_env(monkeypatch: py
     with pytest.raises(SystemExit):
         dra_cli.main(args)
     assert "CORE_DEVICES" in capsys.readouterr().err
+
+
+# -- opt-in per node pool --------------------------------------------------------------------------------------------
+def test_node_label_mode_publishes_cores_only_on_opted_in_nodes() -> None:
+    """``--core-devices node-label``: what the driver publishes goes through the Node-label attributes
+    (accel_core.dra.nodelabels.with_attributes, as serve does): the cores only while the Node carries
+    ``neuron.aws.com/core-devices=true``, which also reaches every device as ``coreDevices``."""
+    fake = shared_host("trn2.48xlarge")
+    s = NeuronProfile(core_devices="node-label").scan(HostPaths(host_root=fake.root), "0.1.0")
+    assert s.node_label_attributes["neuron.aws.com/core-devices"] == "coreDevices"
+    assert s.node_label_attributes["topology.k8s.aws/capacity-block-id"] == "capacityBlockId"  # AWS's kept
+    mapping = s.node_label_attributes
+
+    def published(labels: dict[str, str]) -> list[SliceDevice]:
+        return with_attributes(s.devices, label_attributes(labels, mapping))
+
+    chips = [f"neuron-device-{i}" for i in range(16)]
+    assert [d.name for d in published({})] == chips
+    assert [d.name for d in published({"neuron.aws.com/core-devices": "false"})] == chips
+    opted = published({"neuron.aws.com/core-devices": "true"})
+    assert len(opted) == 16 + 64 and all(d.attributes["coreDevices"] == "true" for d in opted)
+    # the chips consume the counters either way, so the pool is valid with and without the cores
+    validate_devices(published({}), s.counters)
+    validate_devices(opted, s.counters)
+    assert "neuron.aws.com/core-devices" not in NeuronProfile(core_devices="on").scan(
+        HostPaths(host_root=fake.root), "0.1.0").node_label_attributes

@@ -47,3 +47,11 @@ def test_chart_on_adds_neuroncore_class_and_keeps_cores_out_of_neuron_class(helm
 def test_chart_schema_refuses_a_misspelt_core_devices_key(helm: Path) -> None:
     with pytest.raises(RenderError, match="additional properties 'enable' not allowed"):
         classes(helm, "--set", "draDriver.coreDevices.enable=true")
+
+
+def test_chart_core_devices_per_node_pool(helm: Path) -> None:
+    _, env = classes(helm, "--set", "draDriver.coreDevices.enabled=true",
+                     "--set", "draDriver.coreDevices.labelledNodesOnly=true")
+    assert [e for e in env if e["name"] == "CORE_DEVICES"] == [{"name": "CORE_DEVICES", "value": "node-label"}]
+    _, env = classes(helm, "--set", "draDriver.coreDevices.labelledNodesOnly=true")
+    assert "CORE_DEVICES" not in {e["name"] for e in env}  # not enabled: nothing
