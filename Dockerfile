@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 # One image for every daemon of aws-accel-agents: efa-device-plugin, efa-dra-driver, neuron-device-plugin,
 # neuron-dra-driver, neuron-scheduler-extender (and the read-only inspection commands). The Helm charts pick the
-# daemon with `command:`. The dev-only code (accel_core/fakehost, rig/accel_rig) is left out by .dockerignore:
-# no daemon needs it. Accelerators of other distributions: each directory under accelerators/ of the build context
-# that holds a pyproject.toml is installed beside the project (accelerators/README.md); nothing here names them.
+# daemon with `command:`. The dev-only code (accel_core/fakehost and the accelerators' fake-host parts,
+# rig/accel_rig) is left out by .dockerignore: no daemon needs it. Accelerators of other distributions: each
+# directory under accelerators/ of the build context that holds a pyproject.toml is installed beside the project
+# (accelerators/README.md); nothing here names them.
 #
 #   make image                                   # no registry: buildah, FROM a Debian bookworm + python3.11 base made
 #                                                # by mmdebstrap (scripts/build-images.sh); OCI archive in dist/image/
