@@ -24,7 +24,8 @@ created once the one before is scheduled: groups created at once can start in on
 other forever, as several such StatefulSets applied at once would without gang scheduling).
 
 ``--core-devices off,on`` runs every shape twice, interleaved: Neuron slices as the driver publishes them without
-and with NeuronCores as devices (``CORE_DEVICES``; chips consuming per-core counters, a device per logical core),
+and with NeuronCores as devices (``CORE_DEVICES``; chips consuming per-core counters, a device per logical core;
+``node-label``: as a Node publishes them that did not opt in, the chips consuming the counters without cores),
 with the chart's DeviceClasses of either setting (``neuron.aws.com`` leaves the cores out, ``neuroncore.aws.com``
 selects them), and prints each shape's "on" against its "off". ``--workload bench/workloads/2-neuroncores.yaml``
 is a core workload (needs ``on``).
@@ -56,6 +57,7 @@ from neuron_dra.dra.cores import (
     CHIP_CLASS_SELECTOR,
     CORE_CLASS,
     CORE_CLASS_SELECTOR,
+    MODES,
     PLAIN_CLASS_SELECTOR,
     parse_core_device,
 )
@@ -74,8 +76,8 @@ def set_device_classes(clients: Clients, core_devices: str) -> None:
     """The charts' DeviceClasses for ``draDriver.coreDevices.enabled`` off or on (neuron_dra.dra.cores' selectors,
     which tests/unit/test_neuron_core_devices.py checks against the chart)."""
     selectors = {name: f'device.driver == "{driver}"' for name, driver in DEVICE_CLASSES.items()}
-    selectors["neuron.aws.com"] = CHIP_CLASS_SELECTOR if core_devices == "on" else PLAIN_CLASS_SELECTOR
-    if core_devices == "on":
+    selectors["neuron.aws.com"] = CHIP_CLASS_SELECTOR if core_devices != "off" else PLAIN_CLASS_SELECTOR
+    if core_devices != "off":
         selectors[CORE_CLASS] = CORE_CLASS_SELECTOR
     client = clients.get()
     for name in [*DEVICE_CLASSES, CORE_CLASS]:
@@ -186,9 +188,10 @@ def summarise(size: int, results: list[tuple[str, dict[str, float]]]) -> None:
         if base and med["pods_s"] and med["cpu_ms"]:
             line += (f"; vs minimal: time per pod x{base['pods_s'] / med['pods_s']:.2f}, "
                      f"scheduler CPU per pod x{med['cpu_ms'] / base['cpu_ms']:.2f}")
-        off = by_shape.get(shape.replace(" cores-on", " cores-off")) if shape.endswith(" cores-on") else None
+        off = (by_shape.get(shape.rsplit(" cores-", 1)[0] + " cores-off")
+               if " cores-" in shape and not shape.endswith(" cores-off") else None)
         if off and med["pods_s"] and off["cpu_ms"]:
-            line += (f"; core devices on vs off: time per pod x{off['pods_s'] / med['pods_s']:.2f}, "
+            line += (f"; vs cores-off: time per pod x{off['pods_s'] / med['pods_s']:.2f}, "
                      f"scheduler CPU per pod x{med['cpu_ms'] / off['cpu_ms']:.2f}")
         print(line, flush=True)
 
@@ -244,12 +247,13 @@ def main() -> int:
                         help="repeat the --lone pods with half of every node's devices allocated")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for one workload")
     parser.add_argument("--core-devices", default="off",
-                        help="off, on or off,on: Neuron slices without/with NeuronCores as devices (each shape runs "
+                        help="off, on, node-label or a list (off,on): Neuron slices without/with NeuronCores as "
+                             "devices (node-label: as a Node that did not opt in publishes them; each shape runs "
                              "once per setting, interleaved)")
     args = parser.parse_args()
     modes = args.core_devices.split(",")
-    if not modes or any(m not in ("off", "on") for m in modes):
-        parser.error(f"--core-devices: off, on or both, not {args.core_devices!r}")
+    if not modes or any(m not in MODES for m in modes):
+        parser.error(f"--core-devices: some of {', '.join(MODES)}, not {args.core_devices!r}")
     shapes = args.shapes.split(",")
     unknown = [s for s in shapes + args.lone_shapes.split(",") if s not in SHAPES]
     if unknown:

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accel_core.awsfacts import catalog, ultraserver
+from accel_core.awsfacts import catalog
 from accel_core.dra.daemon import dra_driver_version
+from accel_core.dra.nodelabels import with_attributes
 from accel_core.dra.profile import DraProfile
 from accel_core.dra.publisher import build_slices
 from accel_core.dra.slicemodel import CounterSet, SliceDevice
@@ -29,6 +30,7 @@ from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
+from neuron_dra.facts import ultraserver
 
 #: Our drivers' attribute domains: an attribute named in one of them is published without the domain.
 DRIVER_DOMAINS = ("neuron.aws.com", "efa.aws.com")
@@ -86,8 +88,9 @@ def scan_devices_and_labels(instance_type: str, *, efa: bool, core_devices: str 
         for profile in profiles:
             scan = profile.scan(paths, dra_driver_version())
             labels.update({k: v for k, v in scan.node_labels.items() if v is not None})
-            if scan.devices:
-                out.append(NodeDevices(profile.driver_name, tuple(scan.devices), tuple(scan.counters)))
+            devices = with_attributes(scan.devices, {})  # as serve publishes them on a Node without labels
+            if devices:
+                out.append(NodeDevices(profile.driver_name, tuple(devices), tuple(scan.counters)))
         return out, labels
 
 
