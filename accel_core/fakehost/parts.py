@@ -10,7 +10,7 @@ registered part (:func:`part_types`), and ``host.set_port_state(...)`` is the EF
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -87,12 +87,6 @@ class CliOption:
         parser.add_argument(self.flag, dest=self.option, **{**self.kwargs, **override})
 
 
-#: a fault verb's body: the host and the parsed arguments -> the line it prints
-VerbRun = Callable[[Any, argparse.Namespace], str]
-#: adds one sub-command to ``fake-sysfs`` (its parser's ``run`` default is a :data:`VerbRun`)
-AddVerbs = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
-
-
 class HostPart:
     """One accelerator's share of a host tree. Subclasses set ``options`` (build options and their defaults,
     recorded in the tree's marker), and implement :meth:`check` and :meth:`write`; their public methods are the
@@ -127,7 +121,8 @@ class HostPart:
 
     @classmethod
     def add_verbs(cls, sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        """Add its ``fake-sysfs`` fault verbs (each sets ``run``, a :data:`VerbRun`)."""
+        """Add its ``fake-sysfs`` fault verbs: each sets ``run(host, args) -> str``, the line the verb prints
+        (:mod:`accel_core.fakehost.verbs` has the helpers: ``dir_and_device``, ``present``)."""
 
     def write(self, w: Writer) -> None:
         """Write this accelerator's files of ``self.spec``."""
