@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Generate the /sys, /dev and /proc files of an AWS instance type under DIR "
         "(point the daemons' host root at DIR).",
         epilog="Fault verbs on a tree written earlier (each has --help):\n"
-        + "".join(f"  fake-sysfs {verb.ljust(width)}  {text}\n" for verb, text in verbs.verb_help())
+        + "".join(textwrap.fill(text, 100, initial_indent=f"  fake-sysfs {verb.ljust(width)}  ",
+                                subsequent_indent=" " * (width + 15)) + "\n" for verb, text in verbs.verb_help())
         + "(a DIR named like a verb needs a path prefix: ./show)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
