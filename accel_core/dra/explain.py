@@ -206,6 +206,7 @@ class Filtered:
     unusable: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     error: str = ""
     total: int = 0
+    in_class: int = 0  #: devices its DeviceClass selects
 
 
 @dataclass
@@ -313,7 +314,9 @@ class Explainer:
             for device in pool.devices:
                 out.total += 1
                 verdict: bool | str = True
-                for label, expression in selectors:
+                for n, (label, expression) in enumerate(selectors):
+                    if n == len(selectors) - len(alt.selectors):
+                        out.in_class += 1
                     verdict = self._passes(device, expression)
                     if verdict is not True:
                         if verdict is False:
@@ -323,6 +326,8 @@ class Explainer:
                         break
                 if verdict is not True:
                     continue
+                if not alt.selectors:
+                    out.in_class += 1
                 out.matching.append(device)
                 why = self._unusable(device, alt)
                 if why:
@@ -402,16 +407,21 @@ class Explainer:
                     short = True
                 elif alt.all_devices and not f.matching:
                     reasons.append(f"{prefix}: asks for all matching devices, and no device matches"
-                                   + self._rejections(f))
+                                   + (self._rejections(f) if f.in_class else f" (no device of class {alt.class_name})"
+                                      + self._rejections(f)))
                     short = True
                 elif len(f.free) < need:
                     short = True
-                    if not f.matching:
-                        reasons.append(f"{prefix}: no device matches" + (self._rejections(f) if f.total else
-                                       " (no devices published for this node)"))
+                    if not f.total:
+                        reasons.append(f"{prefix}: no devices published for this node")
+                    elif not f.in_class:
+                        reasons.append(f"{prefix}: no device of class {alt.class_name} on the node"
+                                       + self._rejections(f))
+                    elif not f.matching:
+                        reasons.append(f"{prefix}: no device matches" + self._rejections(f))
                     elif len(f.matching) < need:
                         reasons.append(f"{prefix}: asks for {need} devices, only {len(f.matching)} of the node's "
-                                       f"{f.total} match" + self._rejections(f))
+                                       f"{f.in_class} devices of class {alt.class_name} match" + self._rejections(f))
                     else:
                         reasons.append(f"{prefix}: asks for {need} devices, only {len(f.free)} of {len(f.matching)} "
                                        "matching devices are free: " + "; ".join(
@@ -435,10 +445,11 @@ class Explainer:
 
     @staticmethod
     def _rejections(f: Filtered) -> str:
-        if not f.rejected:
+        """What the selectors reject: the request's, or the class's when the class selects nothing here."""
+        shown = {label: names for label, names in f.rejected.items() if f.in_class == 0 or " of class " not in label}
+        if not shown:
             return ""
-        return ": " + "; ".join(f"{label} rejects {len(names)} ({compact(names)})"
-                                for label, names in f.rejected.items())
+        return ": " + "; ".join(f"{label} rejects {len(names)} ({compact(names)})" for label, names in shown.items())
 
     def _constraint_reason(self, c: Constraint, filtered: Mapping[tuple[int, str], Filtered]) -> str:
         covered = [(r, r.alternatives[0]) for r in self.requests if c.covers(r.claim, r.name, r.alternatives[0].name)]

@@ -1,10 +1,11 @@
 """``neuron-dra-driver explain`` against kube-scheduler 1.37 on the same objects.
 
-Three fake nodes (two trn2.48xlarge, one trn1.32xlarge), each with a real ``neuron-dra-driver serve`` publishing its
-slices with the chart's credentials. For the seed's templates and for claims that pend (5 connected devices, a
-selector matching nothing, 17 devices, devices another claim holds), explain's verdict for each node is compared
-with what the scheduler does with one pod per node pinned there by nodeSelector: scheduled exactly where explain
-says "fits", Unschedulable everywhere else; and the pending pod's explanation names the cause.
+Three fake nodes (two trn2.48xlarge, one trn1.32xlarge), each with a real ``neuron-dra-driver serve`` and
+``efa-dra-driver serve`` publishing their slices with the charts' credentials. For the seed's templates (Neuron, and
+Neuron with their EFAs) and for claims that pend (5 connected devices, a selector matching nothing, 17 devices,
+devices another claim holds), explain's verdict for each node is compared with what the scheduler does with one pod
+per node pinned there by nodeSelector: scheduled exactly where explain says "fits", Unschedulable everywhere else;
+and the pending pod's explanation names the cause.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 import yaml
 from accel_rig.controlplane import ControlPlane
 from dra_support import (
+    EFA,
     NEURON,
     REPO,
     DriverProcess,
@@ -43,8 +45,13 @@ FakeNode = Callable[..., str]
 
 CHART = REPO / "charts" / "neuron-helm-chart"
 FLAGS = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", "--set", "npd.enabled=false")
-EXAMPLES = REPO / "examples" / "neuron-dra"
-SEEDS = ("1x4-connected-neurons", "all-neurons", "eight-or-four-connected-neurons", "trn2-else-trn1")
+EFA_CHART = REPO / "charts" / "aws-efa-k8s-device-plugin"
+EFA_FLAGS = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true")
+EXAMPLES = REPO / "examples"
+SEEDS = ("neuron-dra/1x4-connected-neurons", "neuron-dra/all-neurons", "neuron-dra/all-neurons-lnc-1",
+         "neuron-dra/eight-or-four-connected-neurons", "neuron-dra/trn2-else-trn1",
+         "efa-dra/trn2-4-neurons-with-their-efa", "efa-dra/1-neuron-with-its-efa")
+EFA_COUNT = {"trn2.48xlarge": 16, "trn1.32xlarge": 8}  # efa.md: one EFA per trn2 Neuron device, one per two on trn1
 TRN2 = "device.attributes['neuron.aws.com'].instanceType == 'trn2.48xlarge'"
 
 
@@ -85,30 +92,32 @@ def scheduled_node(client: Client, namespace: str, pod: str) -> str | None:
 @pytest.fixture
 def rig(control_plane: ControlPlane, kube_client: Client, fake_node: FakeNode, short_tmp: Path,
         wait: Wait) -> Iterator[list[str]]:
-    """Two trn2.48xlarge nodes and a trn1.32xlarge, each publishing through its own driver."""
-    drivers: list[DriverProcess] = []
-    with chart_objects(control_plane, kube_client, CHART, FLAGS):
+    """Two trn2.48xlarge nodes and a trn1.32xlarge, each publishing through its own Neuron and EFA drivers."""
+    drivers: list[tuple[DriverProcess, int]] = []
+    with chart_objects(control_plane, kube_client, CHART, FLAGS), \
+            chart_objects(control_plane, kube_client, EFA_CHART, EFA_FLAGS):
         try:
             nodes = []
             for i, instance_type in enumerate(("trn2.48xlarge", "trn2.48xlarge", "trn1.32xlarge")):
                 node = fake_node(labels={"node.kubernetes.io/instance-type": instance_type})
                 root = short_tmp / f"n{i}"
                 build_host(root / "host", instance_type)
-                driver = DriverProcess(NEURON, root, node,
-                                       pod_bound_kubeconfig(control_plane, kube_client, NEURON, node, wait))
-                driver.start()
-                drivers.append(driver)
+                for kind, count in ((NEURON, 16), (EFA, EFA_COUNT[instance_type])):
+                    driver = DriverProcess(kind, root, node,
+                                           pod_bound_kubeconfig(control_plane, kube_client, kind, node, wait))
+                    driver.start()
+                    drivers.append((driver, count))
                 nodes.append(node)
-            for driver in drivers:
-                wait_published(kube_client, driver, 16, wait)
+            for driver, count in drivers:
+                wait_published(kube_client, driver, count, wait)
             yield nodes
         finally:
-            for driver in drivers:
+            for driver, _ in drivers:
                 if driver.running():
                     driver.stop()
                 with contextlib.suppress(ApiError):
-                    kube_client.delete(Pod, f"neuron-driver-{driver.node}"[:63], namespace=NEURON.namespace,
-                                       grace_period=0)
+                    kube_client.delete(Pod, f"{driver.kind.driver.split('.')[0]}-driver-{driver.node}"[:63],
+                                       namespace=driver.kind.namespace, grace_period=0)
 
 
 def place_everywhere(client: Client, namespace: str, name: str, nodes: list[str], wait: Wait) -> dict[str, bool]:
@@ -157,7 +166,9 @@ def test_explain_agrees_with_the_scheduler(control_plane: ControlPlane, kube_cli
     # what fits where today, and what the scheduler does, for each template
     expected_fits = {
         "1x4-connected-neurons": {trn2_a, trn2_b}, "all-neurons": {trn2_a, trn2_b},
-        "eight-or-four-connected-neurons": set(rig), "trn2-else-trn1": set(rig),
+        "all-neurons-lnc-1": {trn2_a, trn2_b}, "eight-or-four-connected-neurons": set(rig),
+        "trn2-else-trn1": set(rig), "trn2-4-neurons-with-their-efa": {trn2_a, trn2_b},
+        "1-neuron-with-its-efa": set(rig),
         "five-connected": set(), "no-match": set(), "seventeen": set()}
     seconds = []
     for name, fits in expected_fits.items():
@@ -185,7 +196,8 @@ def test_explain_agrees_with_the_scheduler(control_plane: ControlPlane, kube_cli
             if name == "no-match" or (node == trn1 and name in ("1x4-connected-neurons", "all-neurons")):
                 assert "no device matches" in reasons and "rejects 16 (neuron-device-0..15)" in reasons, reasons
             if name == "seventeen":
-                assert "asks for 17 devices, only 16 of the node's 16 match" in reasons, reasons
+                assert "asks for 17 devices, only 16 of the node's 16 devices of class neuron.aws.com match" \
+                    in reasons, reasons
         remove_pods(kube_client, namespace, [f"{name}-{i}" for i in range(len(rig))], wait)
 
     # devices another claim holds: 13 of trn2_a taken, so 4 connected fit only on trn2_b
