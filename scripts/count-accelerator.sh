@@ -4,8 +4,8 @@
 #
 # A commit is for it when its message names it (its directory, distribution, Python packages, instance types, or
 # "sample accelerator" / "third accelerator"): then every file the commit touched outside the package counts. A
-# commit about something else, made since the package's first commit, counts only the files outside the package
-# where it added a line naming it (so a test changed because the accelerator is installed counts, e.g.
+# commit about something else, made since the package's first commit, counts only its hunks outside the package
+# that add a line naming it (so a test changed because the accelerator is installed counts, e.g.
 # tests/unit/test_fakehost.py in 6cf0525, but not the rest of that commit). Commits
 # that changed the package for other work (renames in the core, a new core service) are listed apart: their
 # package edits are in the package's lines, their other files are that work's cost, not the accelerator's.
@@ -47,10 +47,12 @@ mapfile -t partial < <(git log --no-merges --format=%H -G"$names" "$first^..HEAD
   for c in "${whole[@]}"; do git show --numstat --format= "$c" "${outside[@]}"; done
   for c in "${partial[@]}"; do
     [[ " ${whole[*]} " == *" $c "* ]] && continue
-    # only the files where this commit added a line naming it
+    # only the hunks (no context) where this commit added a line naming it
     git show --format= --unified=0 "$c" "${outside[@]}" | awk -v re="$names" '
-      /^diff --git / {f = substr($4, 3)} /^\+[^+]/ && $0 ~ re {hit[f] = 1} END {for (f in hit) print f}' |
-      while read -r f; do git show --numstat --format= "$c" -- "$f"; done
+      function flush() {if (hit) {add[f] += a; del[f] += d; seen[f] = 1}; a = d = hit = 0}
+      /^diff --git / {flush(); f = substr($4, 3); next} /^@@/ {flush(); next}
+      /^\+\+\+ |^--- / {next} /^\+/ {a++; if ($0 ~ re) hit = 1} /^-/ {d++}
+      END {flush(); for (f in seen) printf "%d\t%d\t%s\n", add[f], del[f], f}'
   done
 } | awk '{add[$3] += $1; del[$3] += $2}
     function kind(f) {
@@ -61,11 +63,11 @@ mapfile -t partial < <(git log --no-merges --format=%H -G"$names" "$first^..HEAD
          printf "  %d file(s) outside the package:", t
          for (k in n) {printf "%s %s %d (%d lines)", sep, k, n[k], l[k]; sep = ";"}; printf "\n"}' |
   sort -k1,1 >"$tmp"
-echo "== files outside $pkg touched for it (commits naming it: every file; others: the files naming it)"
+echo "== files outside $pkg touched for it (commits naming it: every file; others: their hunks naming it)"
 grep -v ' file(s) outside' "$tmp" || true
 grep ' file(s) outside' "$tmp" || echo "  0 file(s) outside the package"
 rm -f "$tmp"
-echo "== the commits (+ the whole commit, ~ only its files naming it)"
+echo "== the commits (+ the whole commit, ~ only its hunks naming it)"
 for c in "${whole[@]}"; do echo "  + $(git log -1 --format='%h %s' "$c" | cut -c1-110)"; done
 for c in "${partial[@]}"; do
   [[ " ${whole[*]} " == *" $c "* ]] || echo "  ~ $(git log -1 --format='%h %s' "$c" | cut -c1-110)"
