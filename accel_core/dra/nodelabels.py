@@ -50,8 +50,9 @@ def label_attributes(labels: Mapping[str, str] | None, mapping: Mapping[str, str
 def with_attributes(devices: Sequence[SliceDevice], extra: Mapping[str, str]) -> list[SliceDevice]:
     """``devices`` with ``extra`` added to each; a device's own attribute of the same name wins, and a device with
     no room left (32 attributes and capacities) keeps what it has. A device with a ``node_label_gate`` is left out
-    unless ``extra`` gives that attribute the value ``true`` (devices a node pool opts in to by a Node label)."""
-    devices = [d for d in devices if d.node_label_gate is None or extra.get(d.node_label_gate) == "true"]
+    unless ``extra`` gives that attribute the value ``true`` (devices a node pool opts in to by a Node label), and
+    so is each counter consumption its ``consumes_gates`` names."""
+    devices = [_gated(d, extra) for d in devices if d.node_label_gate is None or extra.get(d.node_label_gate) == "true"]
     if not extra:
         return devices
     out = []
@@ -62,6 +63,13 @@ def with_attributes(devices: Sequence[SliceDevice], extra: Mapping[str, str]) ->
             dev = dataclasses.replace(dev, attributes={**dev.attributes, **add})
         out.append(dev)
     return out
+
+
+def _gated(dev: SliceDevice, extra: Mapping[str, str]) -> SliceDevice:
+    closed = [cs for cs, gate in dev.consumes_gates.items() if extra.get(gate) != "true"]
+    if not closed:
+        return dev
+    return dataclasses.replace(dev, consumes={cs: c for cs, c in dev.consumes.items() if cs not in closed})
 
 
 class NodeLabelWatch:

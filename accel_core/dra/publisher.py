@@ -84,11 +84,12 @@ def build_slices(
     """The ResourceSlice objects for one pool; no devices gives no slices.
 
     Shared ``counters`` go in slices of their own, first (a slice holds devices or counters, never both), at most
-    8 counter sets each.
+    8 counter sets each; a set no device consumes (one whose consumers a Node label keeps out) is left out.
     The owner reference to the Node is included when ``node_uid`` is known.
     """
     if not devices:
         return []
+    counters = [c for c in counters if any(c.name in d.consumes for d in devices)]  # a set no device consumes: out
     limited = any(d.taints or d.consumes for d in devices)
     size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
     parts: list[tuple[list[api.Device] | None, list[api.CounterSet] | None]] = [

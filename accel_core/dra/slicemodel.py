@@ -83,6 +83,9 @@ class SliceDevice:
     node_label_gate: str | None = None
     """Published only while the driver's Node gives this node-label attribute the value ``true``
     (:func:`accel_core.dra.nodelabels.with_attributes`); None: always. Not part of the API object."""
+    consumes_gates: Mapping[str, str] = field(default_factory=dict)
+    """Counter set -> node-label attribute: that set's entry of ``consumes`` is published only while the attribute
+    is ``true`` (the same way); sets not named here always are."""
 
     def to_api(self) -> api.Device:
         return api.Device(

@@ -117,7 +117,8 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
                 gate: str | None = None) -> tuple[list[SliceDevice], list[CounterSet]]:
     """The chips (each now consuming its whole counter set), then every chip's core devices in chip order, and
     the counter sets. ``chips`` are the chip devices in ``inv.devices`` order; ``gate``: the core devices'
-    ``node_label_gate`` (published only on Nodes that opt in)."""
+    ``node_label_gate`` and the gate of the chips' consumption of their sets (published only on Nodes that opt in;
+    elsewhere the pool is the chips alone, as without core devices)."""
     out_chips: list[SliceDevice] = []
     cores: list[SliceDevice] = []
     counters: list[CounterSet] = []
@@ -127,7 +128,8 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
             out_chips.append(chip)
             continue
         counters.append(cs)
-        out_chips.append(replace(chip, consumes={**chip.consumes, **_consumes(dev.index, range(dev.core_count))}))
+        out_chips.append(replace(chip, consumes={**chip.consumes, **_consumes(dev.index, range(dev.core_count))},
+                                 consumes_gates={counter_set_name(dev.index): gate} if gate else {}))
         for k in range(logical_cores(dev, inv.lnc)):
             cores.append(SliceDevice(core_device_name(dev.index, k),
                                      core_attributes(inv, dev, k, dra_version, chip.attributes),

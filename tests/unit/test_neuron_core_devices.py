@@ -289,3 +289,17 @@ def test_node_label_mode_publishes_cores_only_on_opted_in_nodes() -> None:
     validate_devices(opted, s.counters)
     assert "neuron.aws.com/core-devices" not in NeuronProfile(core_devices="on").scan(
         HostPaths(host_root=fake.root), "0.1.0").node_label_attributes
+
+
+def test_a_node_that_did_not_opt_in_publishes_exactly_the_pool_without_core_devices() -> None:
+    """No counters, no consumption, the same chips: what whole-chip pods cost the scheduler there is unchanged."""
+    fake = shared_host("trn2.48xlarge")
+    gated = NeuronProfile(core_devices="node-label").scan(HostPaths(host_root=fake.root), "0.1.0")
+    off = NeuronProfile().scan(HostPaths(host_root=fake.root), "0.1.0")
+
+    def specs(devices: list[SliceDevice], counters: tuple[CounterSet, ...]) -> list[dict[str, Any]]:
+        return [o.to_dict()["spec"] for o in build_slices("neuron.aws.com", "n1", devices, counters=counters)]
+
+    assert specs(with_attributes(gated.devices, {}), gated.counters) == specs(list(off.devices), off.counters)
+    opted = specs(with_attributes(gated.devices, {"coreDevices": "true"}), gated.counters)
+    assert len(opted) == 4 and sum(len(sp.get("sharedCounters") or []) for sp in opted) == 16
