@@ -187,3 +187,29 @@ def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     missing = tmp_path / "nope.yaml"
     assert neuron_cli.main(["explain", "-f", str(missing)]) == 1
     assert f"{missing}: [Errno 2]" in capsys.readouterr().err
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    assert neuron_cli.main(["explain", "pod/x", "--kubeconfig", str(kubeconfig)]) == 1
+    assert "neuron-dra-driver explain: error: API server https://127.0.0.1:1: " in capsys.readouterr().err
+    assert neuron_cli.main(["explain", "pod/x", "--kubeconfig", str(kubeconfig), "--context", "y"]) == 1
+    assert "no usable kubeconfig: Context 'y' not found" in capsys.readouterr().err
+
+
+def test_counts_are_of_the_requests_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build_host(tmp_path / "h", "trn2.48xlarge")
+    build_host(tmp_path / "p5", "p5.48xlarge")
+    slices = []
+    for root, node, mains in (("h", "t2", (neuron_cli.main, efa_cli.main)), ("p5", "p5", (efa_cli.main,))):
+        for main in mains:
+            assert main(["slices", "--host-root", str(tmp_path / root), "--node-name", node]) == 0
+            slices += json.loads(capsys.readouterr().out)
+    verdict = verdicts(claim(17, selectors=()), slices)
+    assert verdict["t2"].reasons == ["request neurons: asks for 17 devices, only 16 of the node's 16 devices of "
+                                     "class neuron.aws.com match"]
+    assert verdict["p5"].reasons[0].startswith(
+        "request neurons: no device of class neuron.aws.com on the node: selector #0 of class neuron.aws.com "
+        "`device.driver == \"neuron.aws.com\"` rejects 32 (efa-"), verdict["p5"].reasons
