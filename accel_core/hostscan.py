@@ -9,7 +9,7 @@ A scanner owns everything both daemons of an accelerator must agree on, so neith
   each daemon adds the directory its side of the coexistence guard reads;
 - ``health_files(paths, inventory)``: the few files that carry health but raise no change event on real sysfs
   (port state, error counters), polled between rescans (:mod:`accel_core.healthpoll`);
-- ``udev_subsystems``: the udev subsystems whose events start a rescan on a real host;
+- ``udev_subsystems``: the udev subsystems whose events start a rescan on a real host (:func:`udev_subsystems`);
 - ``coexistence``: the one rule by which the device plugin and the DRA driver of the accelerator share a node
   (:class:`accel_core.coexistence.Coexistence`: the DRA driver wins);
 - ``device_plugin_ids(inventory)``: each DRA device name with the device-plugin ``(resource, ID)`` pairs that are
@@ -21,10 +21,11 @@ edits. A new accelerator is a discovery module, a scanner, a small policy and a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from accel_core.coexistence import Coexistence
 from accel_core.health import DeviceHealth
@@ -68,6 +69,13 @@ class HostScanner(Protocol[InventoryT]):
     def health_files(self, paths: HostPaths, inventory: InventoryT) -> list[Path]: ...
 
     def device_plugin_ids(self, inventory: InventoryT) -> Mapping[str, tuple[tuple[str, str], ...]]: ...
+
+
+def udev_subsystems(scanner: HostScanner[Any], paths: HostPaths) -> tuple[str, ...]:
+    """The udev subsystems a daemon follows: the scanner's on a real host (host root ``/``, or a link to it); none
+    on a fake tree, whose changes inotify sees (the machine's own udev events say nothing about it). The one place
+    that decides."""
+    return tuple(scanner.udev_subsystems) if os.path.realpath(paths.host_root) == "/" else ()
 
 
 def held_dra_devices(ids: Mapping[str, tuple[tuple[str, str], ...]],

@@ -13,12 +13,13 @@ takes each scan). :class:`DevicePluginService` does the rest, the same for every
   to the profile, whose policies take health from it and nowhere else;
 - the :class:`~accel_core.deviceplugin.handover.DraHandover` (the device plugin's side of the coexistence rule);
 - metrics (``/metrics`` and ``/readyz``);
-- one host watcher (:func:`udev_subsystems` decides udev, here only) with the health poll between rescans: on
-  every change the host is scanned again, then every server re-reads its policy's list and streams it if it
-  changed. Between rescans a fast poll (an event-loop timer, :class:`~accel_core.healthpoll.PollTimer`) re-reads
-  only the few files that carry health and raise no change event on real sysfs (the scanner's
-  ``health_files``); a difference counts as a host change. Each pass also re-reads the coexistence rule and what
-  DRA claims hold, and the watcher is woken when the rule may change with no file event (a lease ends).
+- one host watcher (udev on a real host only: :func:`accel_core.hostscan.udev_subsystems` decides) with the health
+  poll between rescans: on every change the host is scanned again, then every server re-reads its policy's list and
+  streams it if it changed. Between rescans a fast poll (an event-loop timer,
+  :class:`~accel_core.healthpoll.PollTimer`) re-reads only the few files that carry health and raise no change event
+  on real sysfs (the scanner's ``health_files``); a difference counts as a host change. Each pass also re-reads the
+  coexistence rule and what DRA claims hold, and the watcher is woken when the rule may change with no file event (a
+  lease ends).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from accel_core.coexistence import Coexistence
 from accel_core.deviceplugin.pluginserver import DevicePluginServer, register_first
 from accel_core.deviceplugin.policy import DevicePluginProfile
-from accel_core.hostscan import HostScan, HostScanner
+from accel_core.hostscan import HostScan, udev_subsystems
 from accel_core.logs import kv
 from accel_core.paths import HostPaths
 
@@ -62,12 +62,6 @@ class DevicePluginDaemon:
     ``service.registry``, cleanups with ``service.on_close`` and use ``service.client``)."""
     probe: Callable[[HostPaths], bool] | None = None
     """A cheap look at whether devices are there: register before the first scan (None: only after it)."""
-
-
-def udev_subsystems(scanner: HostScanner[Any], paths: HostPaths) -> tuple[str, ...]:
-    """The udev subsystems to follow: the scanner's on a real host (host root ``/``); none on a fake tree, whose
-    changes inotify sees (the machine's own udev events say nothing about it)."""
-    return scanner.udev_subsystems if os.path.realpath(paths.host_root) == "/" else ()
 
 
 class DevicePluginService:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from hostcache import copy_host, own_paths
 
-from accel_core.deviceplugin.daemon import udev_subsystems
 from accel_core.deviceplugin.policy import AllocationError
 from accel_core.health import DeviceHealth
+from accel_core.hostscan import udev_subsystems
 from accel_core.paths import HostPaths
 from efa_plugin.policy import EfaPolicy
 from efa_plugin.scanner import EfaScanner
