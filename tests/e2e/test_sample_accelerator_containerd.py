@@ -47,8 +47,9 @@ def sample_image() -> str:
 def image_archive() -> Path:
     """The project image plus the sample's distribution, built from the Dockerfile (cached by content)."""
     name = sample_image()
-    subprocess.run([str(REPO / "scripts" / "build-images.sh"), "--accelerator", str(SAMPLE), "--name", name],
-                   check=True, timeout=1800, capture_output=True)
+    build = subprocess.run([str(REPO / "scripts" / "build-images.sh"), "--accelerator", str(SAMPLE), "--name", name],
+                           check=False, timeout=1800, capture_output=True, text=True)
+    assert build.returncode == 0, f"build-images.sh failed:\n{build.stdout[-1500:]}\n{build.stderr[-3000:]}"
     archive = RuntimeBinaries.default().images / f"app+{re.sub(r'[/:]', '_', name)}-current" / "image.oci.tar"
     assert archive.is_file(), archive
     return archive
