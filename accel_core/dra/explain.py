@@ -429,6 +429,13 @@ class Explainer:
                 else:
                     reasons.append(f"{prefix}: {len(f.free)} free matching devices for {need}")
         if not short:
+            alts = [(r, r.alternatives[0]) for r in self.requests if not r.alternatives[0].admin]
+            need = sum(len(filtered[(r.claim, a.name)].matching) if a.all_devices else a.count for r, a in alts)
+            union = {d.id for r, a in alts for d in filtered[(r.claim, a.name)].free}
+            if len(alts) > 1 and all(len(r.alternatives) == 1 for r in self.requests) and len(union) < need:
+                reasons.append(f"the requests together ask for {need} devices; {len(union)} distinct free devices "
+                               "match them")
+                return reasons
             found = False
             for c in self.constraints:
                 text = self._constraint_reason(c, filtered)

@@ -99,6 +99,49 @@ def pod_claims(inputs: Inputs, pod: Mapping[str, Any], get_claim: Any, get_templ
         inputs.nodes = {spec["nodeName"]} if inputs.nodes is None else inputs.nodes & {spec["nodeName"]}
 
 
+#: The name every DeviceClass answers to as an extended resource, besides its own ``extendedResourceName``.
+IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
+
+
+def extended_claim(inputs: Inputs, pod: Mapping[str, Any], get_claim: Any) -> set[str]:
+    """A pod asking extended resources that DeviceClasses serve (DRAExtendedResource): the claim kube-scheduler
+    makes for it (one request per container and resource, ExactCount, from the class), or the one it made.
+    Returns the resource names (nodes whose device plugin advertises one are not DRA's to explain)."""
+    by_name = {IMPLICIT_EXTENDED + name: name for name in inputs.classes}
+    by_name.update({c["spec"]["extendedResourceName"]: name for name, c in inputs.classes.items()
+                    if (c.get("spec") or {}).get("extendedResourceName")})
+    requests: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for resource, quantity in sorted(asked.items()):
+            if resource in by_name:
+                names.add(resource)
+                requests.append({"name": f"container-{container['name']}-{len(requests)}", "exactly": {
+                    "deviceClassName": by_name[resource], "count": int(str(quantity))}})
+    if not requests:
+        return names
+    made = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    label = f"extended resources ({', '.join(sorted(names))})"
+    if made:
+        add_claim(inputs, f"{label} (resourceclaim {made})", get_claim(made))
+    else:
+        inputs.claims.append(ClaimSpec(label, {"devices": {"requests": requests}}))
+    return names
+
+
+def plugin_nodes(inputs: Inputs, resources: set[str], nodes: Sequence[Mapping[str, Any]]) -> None:
+    """Leave out nodes whose device plugin advertises one of ``resources``: the scheduler uses the plugin there."""
+    served = {n["metadata"]["name"] for n in nodes
+              if any(((n.get("status") or {}).get("allocatable") or {}).get(r, "0") not in ("0", 0) for r in resources)}
+    if served:
+        everywhere = {n["metadata"]["name"] for n in nodes}
+        inputs.nodes = (everywhere if inputs.nodes is None else inputs.nodes) - served
+        inputs.notes.append(f"{len(served)} node(s) serve {', '.join(sorted(resources))} through a device plugin: "
+                            "not explained")
+
+
 def select_nodes(inputs: Inputs, pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> None:
     """Apply the pod's nodeSelector (exact labels); affinity, resources and Node taints are not checked."""
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
@@ -128,20 +171,24 @@ def from_api(client: Any, kind: str, name: str, namespace: str) -> Inputs:
     get_claim = lambda n: get(ResourceClaim, n, "resourceclaim")  # noqa: E731
     get_template = lambda n: get(ResourceClaimTemplate, n, "resourceclaimtemplate")  # noqa: E731
     pod = None
-    if kind == "Pod":
-        pod = get(Pod, name, "pod")
-        pod_claims(inputs, pod, get_claim, get_template)
-    elif kind == "ResourceClaim":
-        add_claim(inputs, name, get_claim(name))
-    else:
-        inputs.claims.append(ClaimSpec(f"{name} (template)", (get_template(name).get("spec") or {}).get("spec")
-                                       or {}))
+    extended: set[str] = set()
     try:
         inputs.classes = {c.metadata.name: c.to_dict() for c in client.list(DeviceClass)}
+        if kind == "Pod":
+            pod = get(Pod, name, "pod")
+            pod_claims(inputs, pod, get_claim, get_template)
+            extended = extended_claim(inputs, pod, get_claim)
+        elif kind == "ResourceClaim":
+            add_claim(inputs, name, get_claim(name))
+        else:
+            inputs.claims.append(ClaimSpec(f"{name} (template)", (get_template(name).get("spec") or {}).get("spec")
+                                           or {}))
         inputs.slices = [s.to_dict() for s in client.list(ResourceSlice)]
         inputs.allocated = holders(c.to_dict() for c in client.list(ResourceClaim, namespace="*"))
-        if pod is not None and (pod.get("spec") or {}).get("nodeSelector"):
-            select_nodes(inputs, pod, [n.to_dict() for n in client.list(Node)])
+        if pod is not None and ((pod.get("spec") or {}).get("nodeSelector") or extended):
+            nodes = [n.to_dict() for n in client.list(Node)]
+            select_nodes(inputs, pod, nodes)
+            plugin_nodes(inputs, extended, nodes)
     except ApiError as exc:
         raise SourceError(f"listing DeviceClasses, ResourceSlices, ResourceClaims or Nodes: {exc.status.message}") \
             from None
@@ -188,13 +235,14 @@ def from_files(files: Sequence[Path], slice_files: Sequence[Path], target: tuple
             return by_kind[kind][obj_name]
         return get
 
+    inputs.classes = dict(by_kind.get("DeviceClass", {}))
     if obj["kind"] == "Pod":
         pod_claims(inputs, obj, lookup("ResourceClaim"), lookup("ResourceClaimTemplate"))
+        extended_claim(inputs, obj, lookup("ResourceClaim"))
     elif obj["kind"] == "ResourceClaim":
         add_claim(inputs, name, obj)
     else:
         inputs.claims.append(ClaimSpec(f"{name} (template)", (obj.get("spec") or {}).get("spec") or {}))
-    inputs.classes = dict(by_kind.get("DeviceClass", {}))
     inputs.allocated = holders(by_kind.get("ResourceClaim", {}).values())
     for claim in inputs.claims:
         for req in (claim.spec.get("devices") or {}).get("requests") or []:

@@ -44,7 +44,8 @@ Wait = Callable[..., Any]
 FakeNode = Callable[..., str]
 
 CHART = REPO / "charts" / "neuron-helm-chart"
-FLAGS = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", "--set", "npd.enabled=false")
+FLAGS = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", "--set", "npd.enabled=false",
+         "--set", "draDriver.extendedResource=true")  # the class serves aws.amazon.com/neuron too
 EFA_CHART = REPO / "charts" / "aws-efa-k8s-device-plugin"
 EFA_FLAGS = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true")
 EXAMPLES = REPO / "examples"
@@ -223,6 +224,26 @@ def test_explain_agrees_with_the_scheduler(control_plane: ControlPlane, kube_cli
     claim = kube_client.get(ResourceClaim, pod_claim_name(kube_client, namespace, "1x4-connected-neurons-1") or "",
                             namespace=namespace).to_dict()
     assert {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]} == chosen
+
+    # device-plugin pod specs served by DRA: the claim kube-scheduler would make, explained before it exists
+    for pod, node, count in (("ext-4", trn2_a, 4), ("ext-17", trn1, 17), ("ext-2", trn2_a, 2)):
+        kube_client.create(Pod.from_dict({  # type: ignore[call-overload]
+            "metadata": {"name": pod, "namespace": namespace},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "containers": [
+                {"name": "app", "image": "busybox:test", "resources": {"limits": {"aws.amazon.com/neuron": count}}}]}}))
+        where = wait(lambda pod=pod: scheduled_node(kube_client, namespace, pod), f"a decision on {pod}", timeout=120) \
+            if count == 2 else wait(lambda pod=pod: scheduled_node(kube_client, namespace, pod) == "",
+                                    f"{pod} Unschedulable", timeout=120)
+        why = explain(control_plane, namespace, f"pod/{pod}")
+        if count == 2:  # fits in the 3 free devices: scheduled there, and explain shows the scheduler's claim
+            assert where == trn2_a and why["claims"] == [] and why["allocated"][0].startswith(
+                "claim extended resources (aws.amazon.com/neuron) (resourceclaim "), why
+            continue
+        assert why["fits"] == [] and list(why["nodes"]) == [node], why
+        reasons = " ".join(why["nodes"][node]["reasons"])
+        expected = (f"only 3 of 16 matching devices are free: 13 held by claim {namespace}/{holder}" if count == 4
+                    else "asks for 17 devices, only 16 of the node's 16 devices of class neuron.aws.com match")
+        assert expected in reasons, reasons
 
     # one explain of a template on this 3-node rig, as a user runs it (a new process: imports, kubeconfig, 4 LISTs)
     print(f"\nexplain on 3 nodes: median {sorted(seconds)[len(seconds) // 2]:.2f} s, max {max(seconds):.2f} s "

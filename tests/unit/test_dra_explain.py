@@ -213,3 +213,27 @@ def test_counts_are_of_the_requests_class(tmp_path: Path, capsys: pytest.Capture
     assert verdict["p5"].reasons[0].startswith(
         "request neurons: no device of class neuron.aws.com on the node: selector #0 of class neuron.aws.com "
         "`device.driver == \"neuron.aws.com\"` rejects 32 (efa-"), verdict["p5"].reasons
+
+
+def test_a_pod_asking_an_extended_resource_gets_the_schedulers_claim(trn2: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """DRAExtendedResource: one ExactCount request per container from the class whose extendedResourceName it is;
+    two containers' 12 and 5 devices do not fit one node of 16."""
+    objects = tmp_path / "pod.yaml"
+    extended = CLASS | {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass"}
+    extended["spec"] = extended["spec"] | {"extendedResourceName": "aws.amazon.com/neuron"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dp"}, "spec": {"containers": [
+        {"name": "a", "image": "x", "resources": {"limits": {"aws.amazon.com/neuron": 12}}},
+        {"name": "b", "image": "x", "resources": {"limits": {"aws.amazon.com/neuron": 5, "cpu": "1"}}}]}}
+    objects.write_text(yaml.safe_dump_all([extended, pod]))
+    assert neuron_cli.main(["explain", "-f", str(objects), "--slices", str(trn2), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["requests"] == [
+        "claim extended resources (aws.amazon.com/neuron): request container-a-0: 12 of class neuron.aws.com",
+        "claim extended resources (aws.amazon.com/neuron): request container-b-1: 5 of class neuron.aws.com"]
+    assert result["nodes"]["t2"]["reasons"][-1] == "the requests together ask for 17 devices; 16 distinct free " \
+                                                   "devices match them"
+    pod["spec"]["containers"][0]["resources"]["limits"]["aws.amazon.com/neuron"] = 11
+    objects.write_text(yaml.safe_dump_all([extended, pod]))
+    assert neuron_cli.main(["explain", "-f", str(objects), "--slices", str(trn2), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] == ["t2"]
