@@ -238,6 +238,11 @@ def test_explain_agrees_with_the_scheduler(control_plane: ControlPlane, kube_cli
         if count == 2:  # fits in the 3 free devices: scheduled there, and explain shows the scheduler's claim
             assert where == trn2_a and why["claims"] == [] and why["allocated"][0].startswith(
                 "claim extended resources (aws.amazon.com/neuron) (resourceclaim "), why
+            made = kube_client.get(Pod, pod, namespace=namespace).to_dict()["status"]["extendedResourceClaimStatus"]
+            requests = kube_client.get(ResourceClaim, made["resourceClaimName"], namespace=namespace).to_dict()[
+                "spec"]["devices"]["requests"]  # what explain assumed the scheduler makes
+            assert [(r["exactly"]["deviceClassName"], r["exactly"]["count"]) for r in requests] == [
+                ("neuron.aws.com", 2)], requests
             continue
         assert why["fits"] == [] and list(why["nodes"]) == [node], why
         reasons = " ".join(why["nodes"][node]["reasons"])
