@@ -28,6 +28,7 @@ from accel_core.dra.claimreport import ClaimProblem
 from accel_core.dra.claims import ClaimGet, ClaimReader
 from accel_core.dra.config import OpaqueEntry, configs_for_requests
 from accel_core.dra.daemon import DraService, Publisher, ServiceSettings
+from accel_core.dra.metadata import MetadataFiles
 from accel_core.dra.pluginserver import DraPlugin, Results
 from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim
@@ -116,7 +117,8 @@ class DriverRig:
     ``blocked``: the driver's guard; ``pod_uid``: the plugin's (a rolling update's file lock)."""
 
     def __init__(self, paths: HostPaths, profile: DraProfile[Any, Any], *, api: ClaimGet | None = None,
-                 blocked: Callable[[], str | None] | None = None, pod_uid: str | None = None) -> None:
+                 blocked: Callable[[], str | None] | None = None, pod_uid: str | None = None,
+                 metadata: bool = False) -> None:
         self.paths = paths
         self.profile = profile
         self.driver_name = profile.driver_name
@@ -125,6 +127,7 @@ class DriverRig:
         self.notices = Notices()
         self.blocked = blocked
         self.pod_uid = pod_uid
+        self.metadata = metadata
         self._scan()
         self.restart()
 
@@ -136,6 +139,7 @@ class DriverRig:
         """Scan the host again (after a test changed it) and hand the driver what it found, as the service does."""
         self._scan()
         self.driver.set_inventory(self.inventory)
+        self.driver.set_published(self.scan.devices)
         self.driver.set_health(self._health())
 
     def _scan(self) -> None:
@@ -150,7 +154,9 @@ class DriverRig:
         self.cdi = CdiSpecWriter(self.paths.cdi_root, cdi_vendor(self.driver_name), CDI_CLASS)
         self.driver = DraDriver(self.profile, node_name=NODE, cdi=self.cdi, store=self.store,
                                 inventory=self.inventory, blocked=self.blocked,
-                                notices=self.notices)
+                                notices=self.notices, metadata=MetadataFiles(self.driver_name, self.checkpoint.parent)
+                                if self.metadata else None)
+        self.driver.set_published(self.scan.devices)
         self.reader = ClaimReader(self.api, self.driver.metrics)
         self.plugin = DraPlugin(self.driver, self.paths, claims=self.reader, pod_uid=self.pod_uid)
         self.restored = self.driver.restore()

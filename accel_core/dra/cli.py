@@ -154,6 +154,10 @@ class DriverCli:
         serve.add_env_argument("--device-status", env="DEVICE_STATUS", type=choice("on", "off"), default="on",
                                help="write status.devices of the claims this driver prepares, after answering the "
                                     "kubelet (env DEVICE_STATUS; on or off; default on)")
+        serve.add_env_argument("--device-metadata", env="DEVICE_METADATA", type=choice("on", "off"), default="on",
+                               help="write each prepared request's device metadata file (KEP-5304) and mount it "
+                                    "read-only in its containers under /var/run/kubernetes.io/dra-device-attributes "
+                                    "(env DEVICE_METADATA; on or off; default on)")
         serve.add_env_argument("--unhealthy-taint-effect", env="UNHEALTHY_TAINT_EFFECT",
                                type=choice(*UNHEALTHY_TAINT_EFFECTS), default="NoSchedule",
                                help="effect of the <driver>/unhealthy taint on an unhealthy device: NoSchedule keeps "
@@ -297,7 +301,8 @@ class DriverCli:
             node_name=args.node_name, pod_uid=args.pod_uid, healthcheck_port=args.healthcheck_port,
             rescan_interval=args.rescan_interval, health_poll_interval=args.health_poll_interval,
             cleanup_interval=args.cleanup_interval, remove_slices_on_exit=args.remove_slices_on_exit,
-            device_status=args.device_status == "on", taint_effect=args.unhealthy_taint_effect,
+            device_status=args.device_status == "on", device_metadata=args.device_metadata == "on",
+            taint_effect=args.unhealthy_taint_effect,
             noexecute_after=args.noexecute_after, min_slice_write_interval=args.min_slice_write_interval,
             registration_wait=args.registration_wait,
             daemonset=(args.pod_namespace, args.daemonset_name) if args.pod_namespace and args.daemonset_name else None)

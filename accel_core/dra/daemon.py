@@ -37,6 +37,7 @@ from accel_core.dra.claims import ClaimGet, ClaimReader, NoApiClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
 from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
+from accel_core.dra.metadata import MetadataFiles
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.nodelabels import NODE_LABELS_WAIT_S, NodeLabelWatch, with_attributes
 from accel_core.dra.pluginserver import DraPlugin
@@ -100,6 +101,8 @@ class ServiceSettings:
     cleanup_interval: float = DEFAULT_CLEANUP_INTERVAL
     remove_slices_on_exit: bool = False
     device_status: bool = True
+    #: device metadata files (KEP-5304) bind-mounted into the containers of each prepared request
+    device_metadata: bool = True
     taint_effect: str = "NoSchedule"
     noexecute_after: float = DEFAULT_NOEXECUTE_AFTER
     min_slice_write_interval: float = DEFAULT_MIN_SLICE_WRITE_INTERVAL
@@ -192,7 +195,9 @@ class DraService:
                          if client is not None else None)
         self.driver = DraDriver(profile, node_name=node_name, cdi=self.cdi, store=self.store, metrics=self.metrics,
                                 health=self.health, notices=ClaimNotices(self.status, self.reporter)
-                                if client is not None else None)
+                                if client is not None else None,
+                                metadata=MetadataFiles(self.driver_name, data_dir)
+                                if settings.device_metadata else None)
         self.plugin = DraPlugin(self.driver, paths, claims=self.reader, pod_uid=settings.pod_uid,
                                 registry=self.registry)
         if instance_lock is not None:
@@ -262,10 +267,11 @@ class DraService:
 
     def _hand_over(self) -> None:
         """The publishable devices, tainted as of now, to the publisher (also when a NoExecute hold ends)."""
-        if self.publisher is None:
-            return
         devices = self.taints.apply([d for d in self.scan.devices if d.name not in self.held], self.scan.health)
         devices = with_attributes(devices, self.node_labels.attributes if self.node_labels is not None else {})
+        self.driver.set_published(devices)
+        if self.publisher is None:
+            return
         try:
             self.publisher.set_devices(devices, self.scan.counters if devices else ())
         except SliceValidationError as exc:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 from accel_core.atomic import atomic_write_text
 from accel_core.dra.slicemodel import AttributeValue, Version
 from accel_core.edits import Mount
-from accel_core.k8snames import is_label, is_subdomain
+from accel_core.k8snames import is_label, is_subdomain, shown
 
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 CLAIMS_SUBDIR = "resourceclaims"
@@ -67,6 +67,8 @@ class MetadataDevice:
     pool: str
     name: str
     attributes: Mapping[str, AttributeValue]
+    network: Mapping[str, object] | None = None
+    """``networkData`` (interfaceName, ips, hardwareAddress), as in the claim's status."""
 
 
 def attribute_json(value: AttributeValue) -> dict[str, Any]:
@@ -94,7 +96,13 @@ class MetadataFiles:
         self.root = driver_dir / HOST_SUBDIR
 
     def claim_dir(self, claim: ClaimIdentity) -> Path:
-        return self.root / f"{claim.namespace}_{claim.name}"
+        return self._dir(claim.namespace, claim.name)
+
+    def _dir(self, namespace: str, name: str) -> Path:
+        """``<namespace>_<name>``, checked first: names from a request never reach a path unchecked."""
+        if not is_label(namespace) or not is_subdomain(name):
+            raise ValueError(f"claim {shown(namespace)}/{shown(name)} is not a valid namespace and name")
+        return self.root / f"{namespace}_{name}"
 
     def host_file(self, claim: ClaimIdentity, request: str) -> Path:
         return self.claim_dir(claim) / base_request(request) / HOST_FILE
@@ -120,6 +128,8 @@ class MetadataFiles:
         attributes = dict(sorted(device.attributes.items())[:MAX_ATTRIBUTES])
         if attributes:
             out["attributes"] = {k: attribute_json(v) for k, v in attributes.items()}
+        if device.network:
+            out["networkData"] = dict(device.network)
         return out
 
     def write(self, claim: ClaimIdentity, request: str, devices: Sequence[MetadataDevice]) -> Mount:
@@ -131,7 +141,23 @@ class MetadataFiles:
 
     def remove(self, namespace: str, name: str) -> None:
         """Remove a claim's files (nothing there is not an error)."""
-        target = self.root / f"{namespace}_{name}"
+        self._remove(self._dir(namespace, name))
+
+    def prune(self, keep: Iterable[tuple[str, str]]) -> list[str]:
+        """Remove the files of every claim not in ``keep`` (namespace, name): those a killed or refused prepare left.
+        Returns the removed directory names."""
+        wanted = {f"{ns}_{name}" for ns, name in keep}
+        try:
+            entries = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return []
+        gone = [e for e in entries if e not in wanted]
+        for entry in gone:
+            self._remove(self.root / entry)
+        return gone
+
+    @staticmethod
+    def _remove(target: Path) -> None:
         if target.is_symlink() or target.is_file():
             os.unlink(target)
         elif target.is_dir():

@@ -58,6 +58,7 @@ checkpoint and the device plan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -81,9 +82,11 @@ from accel_core.dra.claimreport import (
 from accel_core.dra.claims import AllocatedDevice, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.logtext import cut
+from accel_core.dra.metadata import ClaimIdentity, MetadataDevice, MetadataFiles
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
-from accel_core.dra.profile import DraProfile
+from accel_core.dra.profile import DraProfile, RequestEdits
+from accel_core.dra.slicemodel import AttributeValue, SliceDevice
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import (
     ClaimError,
@@ -93,6 +96,7 @@ from accel_core.dra.types import (
     DeviceStatusData,
     PreparedDevice,
 )
+from accel_core.edits import Mount
 from accel_core.health import DeviceHealth
 from accel_core.k8snames import UID_RULE, is_uid
 from accel_core.logs import kv
@@ -161,6 +165,7 @@ class DraDriver:
         metrics: DriverMetrics | None = None,
         health: HealthBook | None = None,
         notices: PrepareNotices | None = None,
+        metadata: MetadataFiles | None = None,
     ) -> None:
         self.profile = profile
         self.driver_name = profile.driver_name
@@ -172,12 +177,19 @@ class DraDriver:
         self.notices = notices
         self.metrics = metrics or DriverMetrics(None, profile.metrics_prefix)
         self._health = health if health is not None else HealthBook()
+        #: Device metadata files (KEP-5304) for each prepared request, when on; the published attributes by device.
+        self.metadata = metadata
+        self._published: Mapping[str, Mapping[str, AttributeValue]] = {}
         #: Seconds the last prepare spent on everything but the claim reads (for benchmarks).
         self.last_local_seconds = 0.0
 
     def set_inventory(self, inventory: Any) -> None:
         """The host as last scanned (one reference swap: a prepare in flight keeps the one it took)."""
         self.inventory = inventory
+
+    def set_published(self, devices: Sequence[SliceDevice]) -> None:
+        """The devices as last handed to the slice publisher: their attributes go into the metadata files."""
+        self._published = {d.name: d.attributes for d in devices}
 
     # -- restore ---------------------------------------------------------------------------------------------------
     def restore(self) -> list[str]:
@@ -219,6 +231,14 @@ class DraDriver:
                         spec=str(self.cdi.spec_path(spec_id))))
             except CdiError as exc:
                 log.warning("cannot remove orphan CDI spec", extra=kv(error=exc))
+        if self.metadata is not None:
+            try:
+                pruned = self.metadata.prune((c.namespace, c.name) for c in self.store.claims())
+            except OSError as exc:
+                log.warning("cannot prune device metadata files", extra=kv(error=exc))
+            else:
+                if pruned:
+                    log.info("removed device metadata files no prepared claim refers to", extra=kv(claims=pruned))
         return removed
 
     # -- prepare ---------------------------------------------------------------------------------------------------
@@ -447,11 +467,36 @@ class DraDriver:
             except ClaimError as exc:
                 raise ClaimProblemError(str(exc), self._edits_reason(str(exc), results)) from exc
             order = tuple(edits.devices)
+            request_edits = edits.request
+            if self.metadata is not None:
+                mount = self._write_metadata(claim, data, chosen[request], results, edits)
+                request_edits = dataclasses.replace(request_edits, mounts=(*request_edits.mounts, mount))
             requests.append(PreparedRequest(request, order, tuple((d, edits.devices[d]) for d in order),
-                                            edits.request, all(d.admin_access for d in results)))
+                                            request_edits, all(d.admin_access for d in results)))
             status.extend((d, edits.status[d]) for d in order if d in edits.status)
         return PreparedClaim(claim.uid, claim.namespace, claim.name, alloc.devices[0].pool, tuple(requests),
                              STATE_COMPLETED, tuple(status))
+
+    def _write_metadata(self, claim: ClaimRef, data: ResourceClaim | None, request: str,
+                        results: Sequence[AllocatedDevice], edits: RequestEdits) -> Mount:
+        """Write one request's device metadata file; the mount that puts it in the containers of the request. A
+        claim that is refused later keeps its file until it is unprepared or the driver restarts (orphans go then)."""
+        assert self.metadata is not None
+        annotations = data.metadata.annotations if data is not None and data.metadata is not None else None
+        identity = ClaimIdentity.of(claim.namespace, claim.name, claim.uid, annotations)
+        devices = []
+        for d in results:
+            status = edits.status.get(d.device)
+            # what the claim's status says of the device (scalars), under what the slice publishes, under what
+            # the profile adds for the container
+            said = {k: v for k, v in (status.data.items() if status else ()) if isinstance(v, bool | int | str)}
+            devices.append(MetadataDevice(d.pool, d.device, {**said, **self._published.get(d.device, {}),
+                                                             **edits.metadata.get(d.device, {})},
+                                          status.network if status else None))
+        try:
+            return self.metadata.write(identity, request, devices)
+        except (OSError, ValueError) as exc:
+            raise ClaimError(f"cannot write the device metadata file of request {request}: {exc}") from exc
 
     def _edits_reason(self, message: str, results: Sequence[AllocatedDevice]) -> str:
         """Why the profile refused a request: the profiles name the device first ("device X ...") when a device is
@@ -489,6 +534,13 @@ class DraDriver:
                     removed_specs.append(claim.uid)
             except CdiError as exc:  # the spec stays usable: keep the entry (its devices stay held), fail the claim
                 out[claim.uid] = ClaimError(f"{exc}; the claim stays prepared until the kubelet retries")
+                continue
+            if self.metadata is not None:
+                try:
+                    self.metadata.remove(claim.namespace, claim.name)
+                except (OSError, ValueError) as exc:  # a leftover file: the next start prunes it
+                    log.warning("cannot remove the claim's device metadata files", extra=kv(claim=str(claim),
+                                                                                            error=exc))
         failed = [uid for uid, error in out.items() if error is not None]
         if failed:
             self.metrics.claim_errors.labels("unprepare").inc(len(failed))

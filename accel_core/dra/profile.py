@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from accel_core.dra.slicemodel import CounterSet, SliceDevice, Taint
+from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice, Taint
 from accel_core.dra.types import DeviceStatusData
 from accel_core.edits import ContainerEdits
 from accel_core.health import DeviceHealth
@@ -72,6 +72,9 @@ class RequestEdits:
     request: ContainerEdits = ContainerEdits()
     status: Mapping[str, DeviceStatusData] = field(default_factory=dict)
     """Per device: what the claim's ``status.devices`` says about it (devices left out get no entry)."""
+    metadata: Mapping[str, Mapping[str, AttributeValue]] = field(default_factory=dict)
+    """Per device: attributes only the node knows at prepare time, added to the published ones in the container's
+    device metadata file (:mod:`accel_core.dra.metadata`)."""
 
 
 class DraProfile(Protocol[InventoryT, ConfigT]):

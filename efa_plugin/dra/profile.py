@@ -116,7 +116,9 @@ class EfaProfile:
             edits[name] = ContainerEdits(device_nodes=(node,))
             status[name] = device_status(dev)
         shared = (DeviceNode(RDMA_CM, permissions="rw"),) if self._rdma_cm else ()
-        return RequestEdits(edits, ContainerEdits(device_nodes=shared), status)
+        # in the container's device metadata file, beside the published rdmaDevice and uverbs (``uverbsN``)
+        metadata = {name: {"uverbsDevice": by_name[name].device_node} for name in edits}
+        return RequestEdits(edits, ContainerEdits(device_nodes=shared), status, metadata)
 
 
 def device_status(dev: EfaDevice) -> DeviceStatusData:

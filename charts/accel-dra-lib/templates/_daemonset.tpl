@@ -115,6 +115,8 @@ spec:
               value: {{ $c.healthcheckPort | quote }}
             - name: DEVICE_STATUS
               value: {{ ternary "on" "off" $c.deviceStatus | quote }}
+            - name: DEVICE_METADATA
+              value: {{ ternary "on" "off" (dig "deviceMetadata" "enabled" true $c) | quote }}
             - name: UNHEALTHY_TAINT_EFFECT
               value: {{ $c.unhealthyTaintEffect | quote }}
             {{- if hasKey $c "unhealthyNoExecuteAfterSeconds" }}
