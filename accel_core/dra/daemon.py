@@ -53,6 +53,7 @@ from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints
 from accel_core.dra.types import ClaimError
 from accel_core.health import HEALTHY, DeviceHealth
 from accel_core.healthpoll import FilePoller, PollTimer
+from accel_core.hostscan import udev_subsystems
 from accel_core.instancelock import InstanceLock
 from accel_core.logs import ProblemLog, kv
 from accel_core.ownnode import OwnNode
@@ -396,7 +397,7 @@ class DraService:
 
     async def _watch_host(self, stop: asyncio.Event) -> None:
         async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,
-                                 udev_subsystems=self.profile.scanner.udev_subsystems) as watcher:
+                                 udev_subsystems=udev_subsystems(self.profile.scanner, self.paths)) as watcher:
             timer = PollTimer(self.poller, self.health_poll_interval, lambda: watcher.kick("health"))
             timer.start()
             refresh = asyncio.create_task(self._refresh_health(stop))
