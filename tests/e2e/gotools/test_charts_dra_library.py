@@ -107,6 +107,7 @@ COMMON_ENV = {
     "KUBELET_PLUGINS_DIRECTORY_PATH": "/var/lib/kubelet/plugins",
     "REGISTRATION_WAIT": "30",
     "DEVICE_STATUS": "on",
+    "DEVICE_METADATA": "on",  # KEP-5304 device metadata files: draDriver.deviceMetadata.enabled, on by default
     "UNHEALTHY_TAINT_EFFECT": "NoSchedule",
     "UNHEALTHY_NOEXECUTE_AFTER": "30",
     "LOG_LEVEL": "INFO",
