@@ -21,17 +21,21 @@ import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from accel_rig.controlplane import ControlPlane
 from conftest import REPO_ROOT, Daemon, RealNode
+from dra_support import NEURON, DriverProcess, chart_objects, pod_bound_kubeconfig
+from dra_support import wait_published as supported_wait_published
 from kube_helpers import cdi_edits, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
+from accel_core.fakehost import build_host
 from neuron_dra.dra.cores import CHIP_CLASS_SELECTOR, CORE_CLASS_SELECTOR
 
 Wait = Callable[..., Any]
@@ -240,3 +244,44 @@ def test_a_node_pool_opts_in_by_its_node_label(kubelet_node: MakeNode, daemon: S
     assert nodes == {f"/dev/neuron{chip}"} and env == {"NEURON_RT_VISIBLE_CORES": core.rsplit("-", 1)[1]}
     label(None)
     wait(lambda: published() == CHIPS, "the cores withdrawn once the label is gone", timeout=30)
+
+
+def test_ultraserver_node_device_and_cores_exclude_each_other(control_plane: ControlPlane, kube_client: Client,
+                                                              fake_node: Callable[..., str], classes: None,
+                                                              short_tmp: Path, namespace: str, wait: Wait,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a trn2u node of an UltraServer, ``neuron-node`` (all the node's chips) waits for every core too: the
+    real scheduler refuses it while a core is allocated, and gives it once the core's pod is gone."""
+    flags = ("--set", "devicePlugin.enabled=false", "--set", "draDriver.enabled=true", "--set", "npd.enabled=false",
+             "--set", "draDriver.coreDevices.enabled=true")
+    with chart_objects(control_plane, kube_client, REPO_ROOT / "charts/neuron-helm-chart", flags):
+        node = fake_node(labels={"node.kubernetes.io/instance-type": "trn2u.48xlarge"})
+        build_host(short_tmp / "us" / "host", "trn2u.48xlarge", ultraserver_id="us-c", ultraserver_node=1)
+        monkeypatch.setenv("CORE_DEVICES", "on")
+        driver = DriverProcess(NEURON, short_tmp / "us", node,
+                               pod_bound_kubeconfig(control_plane, kube_client, NEURON, node, wait))
+        driver.start()
+        try:
+            supported_wait_published(kube_client, driver, CHIPS + CORES + 1, wait)
+            template(kube_client, namespace, "a-core", "neuroncore.aws.com")
+            kube_client.create(codecs.from_dict({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "the-node", "namespace": namespace},
+                "spec": {"spec": {"devices": {"requests": [{"name": "neurons", "exactly": {
+                    "deviceClassName": "neuron.aws.com", "selectors": [{"cel": {
+                        "expression": f"device.attributes['{DRIVER}'].resourceType == 'neuron_node'"}}]}}]}}}}))
+            create_pod(kube_client, namespace, "core", node, claims=[("neurons", "a-core")])
+            wait(lambda: kube_client.get(Pod, "core", namespace=namespace).spec.nodeName == node,  # type: ignore[union-attr]
+                 "the core pod bound")
+            [core] = allocated(kube_client, namespace, "core")
+            assert "-core-" in core, core
+            create_pod(kube_client, namespace, "whole-node", node, claims=[("neurons", "the-node")])
+            stays_pending(kube_client, namespace, "whole-node", wait)
+            delete(kube_client, namespace, "core", wait)
+            wait(lambda: kube_client.get(Pod, "whole-node", namespace=namespace).spec.nodeName == node,  # type: ignore[union-attr]
+                 "neuron-node given once the core is free", timeout=120)
+            assert allocated(kube_client, namespace, "whole-node") == ["neuron-node"]
+        finally:
+            driver.stop()
+            with contextlib.suppress(ApiError):
+                kube_client.delete(Pod, f"neuron-driver-{node}"[:63], namespace=NEURON.namespace, grace_period=0)
