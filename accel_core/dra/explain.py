@@ -115,8 +115,8 @@ def inventory(slices: Iterable[Mapping[str, Any]]) -> list[Pool]:
         if not pool.complete:
             pool.note = f"pool {name} of {driver} is being updated ({len(specs)} of {expected} slices): the " \
                         "scheduler uses none of its devices until it is complete"
-        if first.get("nodeSelector") is not None:
-            pool.note = f"pool {name} of {driver} selects its nodes by labels: not evaluated by explain"
+        if first.get("nodeSelector") is not None or first.get("perDeviceNodeSelection"):
+            pool.note = f"pool {name} of {driver} selects its nodes by labels or per device: not evaluated by explain"
             pool.complete = False
         for spec in specs:
             for counter_set in spec.get("sharedCounters") or []:
@@ -138,6 +138,7 @@ class Alternative:
     count: int
     tolerations: tuple[Mapping[str, Any], ...]
     admin: bool
+    capacity: bool = False  #: asks for capacity (consumable capacity; not modelled)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,8 @@ def _alternative(name: str, body: Mapping[str, Any]) -> Alternative:
     return Alternative(name=name, class_name=body.get("deviceClassName", ""),
                        selectors=tuple(s["cel"]["expression"] for s in body.get("selectors") or [] if "cel" in s),
                        all_devices=mode == "All", count=int(body.get("count") or 1),
-                       tolerations=tuple(body.get("tolerations") or ()), admin=bool(body.get("adminAccess")))
+                       tolerations=tuple(body.get("tolerations") or ()), admin=bool(body.get("adminAccess")),
+                       capacity=bool(body.get("capacity")))
 
 
 def requests_of(claims: Sequence[ClaimSpec]) -> tuple[list[Request], list[Constraint]]:
@@ -263,7 +265,15 @@ class Explainer:
         return sorted({p.node for p in self.pools if p.node})
 
     def notes(self) -> list[str]:
-        return [p.note for p in self.pools if p.note]
+        """What explain does not model but met here (the verdicts may then differ from the scheduler's)."""
+        out = [p.note for p in self.pools if p.note]
+        shared = [d.name for p in self.pools for d in p.devices if d.raw.get("allowMultipleAllocations")]
+        if shared:
+            out.append(f"{len(shared)} device(s) allow multiple allocations (consumable capacity), taken here as "
+                       f"held by one claim: {compact(shared)}")
+        if any(a.capacity for r in self.requests for a in r.alternatives):
+            out.append("a request asks for device capacity (consumable capacity): not checked by explain")
+        return out
 
     # -- selectors ---------------------------------------------------------------------------------------------------
     def _selector(self, expression: str) -> Selector | str:

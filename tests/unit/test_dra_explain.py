@@ -237,3 +237,14 @@ def test_a_pod_asking_an_extended_resource_gets_the_schedulers_claim(trn2: Path,
     objects.write_text(yaml.safe_dump_all([extended, pod]))
     assert neuron_cli.main(["explain", "-f", str(objects), "--slices", str(trn2), "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] == ["t2"]
+
+
+def test_what_explain_does_not_model_is_said(trn2: Path) -> None:
+    slices = load(trn2)
+    slices[0]["spec"]["devices"][0]["allowMultipleAllocations"] = True
+    spec = claim(1)
+    spec["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "1Gi"}}
+    notes = Explainer([ClaimSpec("c", spec)], {DRIVER: CLASS}, slices, {}).notes()
+    assert notes == ["1 device(s) allow multiple allocations (consumable capacity), taken here as held by one claim: "
+                     "neuron-device-0", "a request asks for device capacity (consumable capacity): not checked by "
+                     "explain"]
