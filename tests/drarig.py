@@ -7,6 +7,7 @@
   :meth:`DriverRig.prepare` is the DRA server thread's call (:meth:`DraPlugin.prepare`: the plugin reads the claims
   the driver names, then the driver prepares the objects under the locks); :meth:`DriverRig.restart` is a new
   process on the same files;
+- :func:`served_paths`: a kubelet stand-in and the paths of a driver it serves;
 - :func:`running_service`: a :class:`DraService` built from its collaborators, served until the block ends;
 - :func:`configs`: a claim's configs decoded as the driver decodes them.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from accel_rig.kubelet_standin import KubeletStandIn
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from accel_core.dra.cdi import CdiSpecWriter
@@ -103,6 +105,15 @@ class Notices:
 
     def failed(self, problems: Sequence[ClaimProblem]) -> None:
         self.problems.extend(problems)
+
+
+def served_paths(root: Path, host_root: Path | None = None) -> tuple[KubeletStandIn, HostPaths]:
+    """A kubelet stand-in at ``root/k`` (its plugin registry made) and the paths of a driver it serves: the host at
+    ``host_root`` (default: the stand-in's), CDI specs in ``root/cdi``. ``root`` short: unix socket paths."""
+    standin = KubeletStandIn(root / "k")
+    standin.registry_dir.mkdir(parents=True, exist_ok=True)
+    host = {"host_root": host_root} if host_root is not None else {}
+    return standin, standin.paths(cdi_root=root / "cdi", **host)
 
 
 def host_paths(root: Path, host_root: Path) -> HostPaths:

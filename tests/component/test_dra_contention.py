@@ -17,10 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
-from accel_rig.kubelet_standin import KubeletStandIn, socket_files
+from accel_rig.kubelet_standin import socket_files
 from accel_rig.polling import poll_until
 from aiohttp import web
-from drarig import DriverRig, claim
+from drarig import DriverRig, claim, served_paths
 from hostcache import copy_host
 from lightkube import KubeConfig
 
@@ -90,9 +90,7 @@ class Rig:
 
     def __init__(self, root: Path) -> None:
         copy_host(root / "h", "inf2.48xlarge")
-        self.standin = KubeletStandIn(root / "k")
-        self.standin.registry_dir.mkdir(parents=True)
-        self.paths = self.standin.paths(host_root=root / "h", cdi_root=root / "cdi")
+        self.standin, self.paths = served_paths(root, root / "h")
 
     @asynccontextmanager
     async def running(self, server: str = "http://127.0.0.1:1") -> AsyncIterator[DraPlugin]:

@@ -14,15 +14,13 @@ from typing import Any
 
 import grpc
 import pytest
-from accel_rig.kubelet_standin import KubeletStandIn
-from drarig import DictClaims, claim
+from drarig import DictClaims, claim, served_paths
 from hostcache import copy_host
 from lockspy import FlockBusySpy
 
 import accel_core.dra.pluginserver as plugin_module
 from accel_core.dra.daemon import DraService, ServiceSettings
 from accel_core.dra.liveness import SERVING, HealthCheckRequest, HealthCheckResponse
-from accel_core.paths import HostPaths
 from efa_plugin.dra.profile import EfaProfile
 from neuron_dra.dra.profile import NeuronProfile
 
@@ -74,11 +72,7 @@ class OtherInstance:
 def test_liveness_and_health_answer_while_another_instance_holds_the_lock(short_tmp: Path, driver: str,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     profile, instance_type, device = DRIVERS[driver]
-    copy_host(short_tmp / "h", instance_type)
-    paths = HostPaths(host_root=short_tmp / "h", kubelet_root=short_tmp / "k", cdi_root=short_tmp / "cdi",
-                      device_plugins=short_tmp / "k" / "device-plugins")
-    standin = KubeletStandIn(paths.kubelet_root)
-    standin.registry_dir.mkdir(parents=True, exist_ok=True)
+    standin, paths = served_paths(short_tmp, copy_host(short_tmp / "h", instance_type).root)
 
     spy = FlockBusySpy()
     monkeypatch.setattr(plugin_module, "fcntl", spy)

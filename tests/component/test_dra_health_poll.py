@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from accel_rig.kubelet_standin import KubeletStandIn
 from accel_rig.polling import until
+from drarig import served_paths
 from hostcache import copy_host
 
 from accel_core.dra.daemon import DEFAULT_HEALTH_POLL_INTERVAL, DraService, ServiceSettings
@@ -90,10 +90,7 @@ class Rig:
     (``health`` is its open health stream); counts the service's scans."""
 
     def __init__(self, root: Path, profile: DraProfile[Any, Any], **kwargs: Any) -> None:
-        self.paths = HostPaths(host_root=root / "h", kubelet_root=root / "k", cdi_root=root / "cdi",
-                               device_plugins=root / "k" / "device-plugins")
-        self.standin = KubeletStandIn(self.paths.kubelet_root)
-        self.standin.registry_dir.mkdir(parents=True, exist_ok=True)
+        self.standin, self.paths = served_paths(root, root / "h")
         self.publisher = Publisher()
         self.service = CountingService(profile, self.paths, ServiceSettings(
             node_name=NODE, pod_uid="pod-1", healthcheck_port=-1, rescan_interval=RESCAN, **kwargs),

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from accel_rig.kubelet_standin import KubeletStandIn
-from drarig import DriverRig
+from drarig import DriverRig, served_paths
 from hostcache import shared_host
 
 from efa_plugin.dra.profile import EfaProfile
@@ -24,9 +23,7 @@ NODE = "node-a"
 @pytest.mark.parametrize("version", ["v1.DRAPlugin", "v1beta1.DRAPlugin"])
 def test_hostile_uids_over_grpc(short_tmp: Path, version: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    standin = KubeletStandIn(short_tmp / "kubelet")
-    standin.registry_dir.mkdir(parents=True)
-    paths = standin.paths(host_root=shared_host("p5.48xlarge").root, cdi_root=short_tmp / "cdi")
+    standin, paths = served_paths(short_tmp, shared_host("p5.48xlarge").root)
     rig = DriverRig(paths, EfaProfile(), pod_uid="pod-1")
     rig.add("good", rig.devices[:1], request="nic")
     store, cdi, plugin = rig.store, rig.cdi, rig.plugin

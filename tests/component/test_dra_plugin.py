@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from accel_rig.kubelet_standin import KubeletStandIn, socket_files
+from drarig import served_paths
 from lockspy import FlockBusySpy
 
 import accel_core.dra.pluginserver as plugin_module
@@ -73,10 +74,9 @@ class ToyHandler:
 
 async def _start(short_tmp: Path, pod_uid: str | None = "pod-123", handler: ToyHandler | None = None
                  ) -> tuple[KubeletStandIn, DraPlugin, ToyHandler]:
-    standin = KubeletStandIn(short_tmp / "kubelet")
-    standin.registry_dir.mkdir(parents=True)
+    standin, paths = served_paths(short_tmp)
     handler = handler or ToyHandler()
-    plugin = DraPlugin(handler, standin.paths(), claims=handler, pod_uid=pod_uid)
+    plugin = DraPlugin(handler, paths, claims=handler, pod_uid=pod_uid)
     await plugin.start()
     return standin, plugin, handler
 
@@ -278,13 +278,12 @@ def test_two_plugin_instances_contend_for_the_lock(short_tmp: Path, monkeypatch:
     async def scenario() -> None:
         spy = FlockBusySpy()
         monkeypatch.setattr(plugin_module, "fcntl", spy)
-        standin = KubeletStandIn(short_tmp / "kubelet")
-        standin.registry_dir.mkdir(parents=True)
+        standin, paths = served_paths(short_tmp)
         probe = OverlapProbe()
         gate = threading.Event()
         old_handler, new_handler = ProbedHandler(probe, gate), ProbedHandler(probe)
-        old = DraPlugin(old_handler, standin.paths(), claims=old_handler, pod_uid="pod-old")
-        new = DraPlugin(new_handler, standin.paths(), claims=new_handler, pod_uid="pod-new")
+        old = DraPlugin(old_handler, paths, claims=old_handler, pod_uid="pod-old")
+        new = DraPlugin(new_handler, paths, claims=new_handler, pod_uid="pod-new")
         await old.start()
         await new.start()
         assert old.registration_socket != new.registration_socket and old.dra_socket != new.dra_socket

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from accel_rig.kubelet_standin import KubeletStandIn
+from drarig import served_paths
 
 from accel_core.dra.logtext import LOG_TEXT_MAX, Throttle, cut
 from accel_core.dra.pluginserver import REGISTRATION_STATUS_KEPT, DraPlugin
@@ -69,10 +69,9 @@ def test_two_hundred_rejections_with_one_mib_errors_keep_little_and_log_short_li
     caplog.set_level(logging.INFO, "accel_core.dra.pluginserver")
 
     async def scenario() -> tuple[int, list[tuple[bool, str]]]:
-        standin = KubeletStandIn(short_tmp / "kubelet")
-        standin.registry_dir.mkdir(parents=True)
+        standin, paths = served_paths(short_tmp)
         handler = IdleHandler()
-        plugin = DraPlugin(handler, standin.paths(), claims=handler, pod_uid="pod-1")
+        plugin = DraPlugin(handler, paths, claims=handler, pod_uid="pod-1")
         await plugin.start()
         try:
             options = [("grpc.max_send_message_length", 4 * MIB)]

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from accel_rig.kubelet_standin import KubeletStandIn, socket_files
+from accel_rig.kubelet_standin import socket_files
 from cdi_oracle import assert_cdi_accepts
-from drarig import DictClaims, claim, running_service
+from drarig import DictClaims, claim, running_service, served_paths
 from hostcache import copy_host
 
 from accel_core.dra.daemon import DraService
@@ -38,10 +38,7 @@ def allocate(claims: DictClaims, uid: str, name: str, indices: list[int],
 class Rig:
     def __init__(self, root: Path, instance_type: str = "trn2.48xlarge") -> None:
         self.host: FakeHost = copy_host(root / "h", instance_type)
-        self.paths = HostPaths(host_root=root / "h", kubelet_root=root / "k", cdi_root=root / "cdi",
-                               device_plugins=root / "k" / "device-plugins")
-        self.standin = KubeletStandIn(self.paths.kubelet_root)
-        self.standin.registry_dir.mkdir(parents=True, exist_ok=True)
+        self.standin, self.paths = served_paths(root, self.host.root)
         self.reader = DictClaims()
 
     def running(self, pod_uid: str = "pod-1", refresh: float = 20.0, registration_wait: float = 0.0,
