@@ -10,11 +10,14 @@ Rust cel interpreter), in the environment Kubernetes 1.37 gives them:
 - capacities and ``quantity(s)``, ``isQuantity(s)`` with ``compareTo``, ``isGreaterThan``, ``isLessThan``,
   ``asInteger``, ``asApproximateFloat``;
 - CEL's standard macros and functions (``has``, ``in``, ``exists``, ``all``, ``size``, ``startsWith``,
-  ``endsWith``, ``contains``, ``matches``, conversions).
+  ``endsWith``, ``contains``, ``matches``, conversions);
+- from the strings library: ``lowerAscii``, ``upperAscii``, ``trim``, ``replace``, ``split``, ``join``,
+  ``substring``, ``charAt``, ``indexOf``, ``lastIndexOf``.
 
-Anything else Kubernetes offers (``cel.bind``, the strings, lists, sets, IP, URL and format libraries) is refused
-when the selector is compiled, naming the function, so ``explain`` says it cannot judge that selector rather than
-guess. A missing attribute is a runtime error, as in the scheduler (which then stops allocating the claim).
+Anything else Kubernetes offers (``cel.bind``, the rest of the strings library, the lists, sets, IP, URL, regex and
+format libraries) is refused when the selector is compiled, naming the function, so ``explain`` says it cannot
+judge that selector rather than guess. A missing attribute is a runtime error, as in the scheduler (which then
+stops allocating the claim).
 """
 
 from __future__ import annotations
@@ -133,7 +136,30 @@ def _valid(parse: Callable[[str], object]) -> Callable[[str], bool]:
     return check
 
 
+_LOWER = {c: c + 32 for c in range(ord("A"), ord("Z") + 1)}
+_UPPER = {v: k for k, v in _LOWER.items()}
+
+
+def _split(text: str, separator: str, limit: int = -1) -> list[str]:
+    """CEL strings ``split``: a limit of 0 gives nothing, n > 0 at most n parts, negative all."""
+    if limit == 0:
+        return []
+    return text.split(separator, limit - 1) if limit > 0 else text.split(separator)
+
+
 FUNCTIONS: Mapping[str, Callable[..., Any]] = {
+    # Kubernetes' strings library (cel-go ext.Strings), the parts selectors use
+    "lowerAscii": lambda s: s.translate(_LOWER),
+    "upperAscii": lambda s: s.translate(_UPPER),
+    "trim": lambda s: s.strip(" \t\n\r\v\f"),
+    "replace": lambda s, old, new, n=-1: s.replace(old, new, n),
+    "split": _split,
+    "join": lambda items, sep="": sep.join(items),
+    "substring": lambda s, start, end=None: s[start:end],
+    "charAt": lambda s, i: s[i:i + 1],
+    "indexOf": lambda s, sub, *start: s.find(sub, *start),
+    "lastIndexOf": lambda s, sub: s.rfind(sub),
+    # Kubernetes' semver and quantity libraries
     "semver": semver_value,
     "isSemver": _valid(semver_value),
     "quantity": quantity_value,

@@ -84,8 +84,22 @@ def test_selectors_see_what_kubernetes_gives_them(trn2: Path) -> None:
     assert compile_selector(f"device.capacity['{DRIVER}'].memory.compareTo(quantity('64Gi')) > 0").matches(capacity)
 
 
+def test_the_strings_library_parts_selectors_use(trn2: Path) -> None:
+    [published] = load(trn2)
+    dev = device_variable(DRIVER, published["spec"]["devices"][5])
+    for expression in (
+            f"device.attributes['{DRIVER}'].deviceName.lowerAscii() == 'trainium2'",
+            f"device.attributes['{DRIVER}'].instanceType.split('.')[0] == 'trn2'",
+            f"device.attributes['{DRIVER}'].instanceType.split('.', 1) == ['trn2.48xlarge']",
+            f"device.attributes['{DRIVER}'].instanceType.indexOf('.') == 4",
+            f"device.attributes['{DRIVER}'].instanceType.substring(0, 4).upperAscii() == 'TRN2'",
+            "['a', 'b'].join('-') == 'a-b' && ' x '.trim() == 'x' && 'aXa'.replace('a', 'b') == 'bXb'",
+            "'ÄB'.lowerAscii() == 'Äb' && 'abc'.charAt(3) == '' && 'abab'.lastIndexOf('ab') == 2"):
+        assert compile_selector(expression).matches(dev), expression
+
+
 @pytest.mark.parametrize(("expression", "message"), [
-    ("device.driver.lowerAscii() == 'x'", "lowerAscii: not in explain's CEL environment"),
+    ("device.driver.format([]) == 'x'", "format: not in explain's CEL environment"),
     (f"cel.bind(d, device.attributes['{DRIVER}'], d.deviceId == 1)", "cel.bind is not supported"),
     ("other.x == 1", "unknown variable other"),
     ("device.driver ==", "does not compile"),
@@ -174,8 +188,8 @@ def test_shared_counters_keep_the_node_device_from_a_held_chip(tmp_path: Path, c
 
 
 def test_unsupported_selector_gives_no_verdict(trn2: Path) -> None:
-    [v] = verdicts(claim(1, selectors=("device.driver.lowerAscii() == 'neuron.aws.com'",)), load(trn2)).values()
-    assert v.fits is None and "lowerAscii" in v.reasons[0]
+    [v] = verdicts(claim(1, selectors=("device.driver.quote() == 'neuron.aws.com'",)), load(trn2)).values()
+    assert v.fits is None and "quote" in v.reasons[0]
 
 
 # -- command line -----------------------------------------------------------------------------------------------------
