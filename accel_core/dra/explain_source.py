@@ -184,11 +184,26 @@ def from_api(client: Any, kind: str, name: str, namespace: str) -> Inputs:
             inputs.claims.append(ClaimSpec(f"{name} (template)", (get_template(name).get("spec") or {}).get("spec")
                                            or {}))
         inputs.slices = [s.to_dict() for s in client.list(ResourceSlice)]
-        inputs.allocated = holders(c.to_dict() for c in client.list(ResourceClaim, namespace="*"))
+        try:
+            inputs.allocated = holders(c.to_dict() for c in client.list(ResourceClaim, namespace="*"))
+        except ApiError as exc:  # a user allowed only their own namespace still gets a verdict, with a caveat
+            if exc.status.code != 403:
+                raise
+            inputs.allocated = holders(c.to_dict() for c in client.list(ResourceClaim, namespace=namespace))
+            inputs.notes.append(f"claims outside {namespace} cannot be listed (forbidden): devices they hold count "
+                                "as free here")
         if pod is not None and ((pod.get("spec") or {}).get("nodeSelector") or extended):
-            nodes = [n.to_dict() for n in client.list(Node)]
-            select_nodes(inputs, pod, nodes)
-            plugin_nodes(inputs, extended, nodes)
+            try:
+                nodes = [n.to_dict() for n in client.list(Node)]
+            except ApiError as exc:
+                if exc.status.code != 403:
+                    raise
+                inputs.notes.append("Nodes cannot be listed (forbidden): the pod's nodeSelector and device plugins "
+                                    "are not checked")
+                nodes = []
+            if nodes:
+                select_nodes(inputs, pod, nodes)
+                plugin_nodes(inputs, extended, nodes)
     except ApiError as exc:
         raise SourceError(f"listing DeviceClasses, ResourceSlices, ResourceClaims or Nodes: {exc.status.message}") \
             from None

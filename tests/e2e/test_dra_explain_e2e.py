@@ -35,7 +35,8 @@ from dra_support import (
     wait_published,
 )
 from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Pod, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from accel_core.fakehost import build_host
@@ -71,9 +72,9 @@ def seed_templates() -> list[dict[str, Any]]:
 
 
 def explain(control_plane: ControlPlane, namespace: str, target: str, output: str = "json",
-            module: str = "neuron_dra.dra.cli") -> Any:
+            module: str = "neuron_dra.dra.cli", kubeconfig: Path | None = None) -> Any:
     out = subprocess.run([sys.executable, "-m", module, "explain", target, "-n", namespace,
-                          "--kubeconfig", str(control_plane.admin_kubeconfig), "-o", output],
+                          "--kubeconfig", str(kubeconfig or control_plane.admin_kubeconfig), "-o", output],
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
@@ -139,6 +140,26 @@ def place_everywhere(client: Client, namespace: str, name: str, nodes: list[str]
 
     wait(all_decided, f"the scheduler's decision on {name} for each node", timeout=120)
     return decided
+
+
+def namespace_reader(control_plane: ControlPlane, client: Client, namespace: str) -> Path:
+    """A ServiceAccount token that reads claims, templates and pods of ``namespace`` only, plus DeviceClasses and
+    ResourceSlices (cluster-wide objects a DRA user reads): no other namespace's claims, no Nodes."""
+    resource = "resource.k8s.io"
+    client.create(ServiceAccount.from_dict({"metadata": {"name": "reader", "namespace": namespace}}))
+    client.create(Role.from_dict({"metadata": {"name": "reader", "namespace": namespace}, "rules": [
+        {"apiGroups": [resource], "resources": ["resourceclaims", "resourceclaimtemplates"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}))
+    ref = {"kind": "ServiceAccount", "name": "reader", "namespace": namespace}
+    client.create(RoleBinding.from_dict({"metadata": {"name": "reader", "namespace": namespace}, "subjects": [ref],
+                                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                     "name": "reader"}}))
+    cluster = f"explain-reader-{namespace}"
+    client.create(ClusterRole.from_dict({"metadata": {"name": cluster}, "rules": [
+        {"apiGroups": [resource], "resources": ["deviceclasses", "resourceslices"], "verbs": ["list"]}]}))
+    client.create(ClusterRoleBinding.from_dict({"metadata": {"name": cluster}, "subjects": [ref], "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster}}))
+    return control_plane.kubeconfig_for_token(str(control_plane.mint_token(namespace, "reader")), name=cluster)
 
 
 def remove_pods(client: Client, namespace: str, pods: list[str], wait: Wait) -> None:
@@ -224,6 +245,14 @@ def test_explain_agrees_with_the_scheduler(control_plane: ControlPlane, kube_cli
     claim = kube_client.get(ResourceClaim, pod_claim_name(kube_client, namespace, "1x4-connected-neurons-1") or "",
                             namespace=namespace).to_dict()
     assert {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]} == chosen
+
+    # a user who may read only their own namespace's claims (and no Nodes) still gets the verdict, with a caveat
+    kubeconfig = namespace_reader(control_plane, kube_client, namespace)
+    limited = explain(control_plane, namespace, "resourceclaimtemplate/1x4-connected-neurons", kubeconfig=kubeconfig)
+    assert limited["fits"] == [trn2_b] and limited["notes"] == [
+        f"claims outside {namespace} cannot be listed (forbidden): devices they hold count as free here"], limited
+    for kind in (ClusterRoleBinding, ClusterRole):
+        kube_client.delete(kind, f"explain-reader-{namespace}")
 
     # device-plugin pod specs served by DRA: the claim kube-scheduler would make, explained before it exists
     for pod, node, count in (("ext-4", trn2_a, 4), ("ext-17", trn1, 17), ("ext-2", trn2_a, 2)):
