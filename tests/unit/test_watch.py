@@ -19,16 +19,25 @@ def test_event_rescan_and_late_paths(tmp_path: Path) -> None:
         async with ChangeWatcher(lambda: [watched], rescan_interval=0.3, debounce=0.01, depth=1) as watcher:
             assert await watcher.next_change() == "armed"
             assert await watcher.next_change() == "rescan", "nothing happened: the slow rescan fires"
+            # the 0.3 s rescan keeps firing: on a loaded machine one may come before an event, so rescans are
+            # skipped (an event that never came still fails: a rescan is not an inotify wake-up)
             watched.mkdir(parents=True)  # a path that did not exist: its nearest parent was watched
-            assert (await asyncio.wait_for(watcher.next_change(), 2)).startswith("inotify:")
+            assert (await asyncio.wait_for(_not_rescan(watcher), 10)).startswith("inotify:")
             (watched / "dev0").mkdir()
-            await asyncio.wait_for(watcher.next_change(), 2)
+            await asyncio.wait_for(_not_rescan(watcher), 10)
             (watched / "dev0" / "state").write_text("4: ACTIVE\n")  # depth 1: files inside dev0 are seen
-            assert (await asyncio.wait_for(watcher.next_change(), 2)).startswith("inotify:")
+            assert (await asyncio.wait_for(_not_rescan(watcher), 10)).startswith("inotify:")
             watcher.kick("test")
-            assert await watcher.next_change() == "test"
+            assert await asyncio.wait_for(_not_rescan(watcher), 10) == "test"
 
     asyncio.run(scenario())
+
+
+async def _not_rescan(watcher: ChangeWatcher) -> str:
+    """The next wake-up that is not the periodic rescan."""
+    while (reason := await watcher.next_change()) == "rescan":
+        pass
+    return reason
 
 
 async def _until(watcher: ChangeWatcher, suffix: str) -> str:
@@ -49,13 +58,13 @@ def test_rearms_after_the_watched_directory_is_deleted_and_recreated(tmp_path: P
         async with ChangeWatcher(lambda: [watched], rescan_interval=3600, debounce=0.01, depth=1) as watcher:
             assert await watcher.next_change() == "armed"
             (watched / "dev0" / "state").write_text("1\n")
-            await asyncio.wait_for(_until(watcher, "dev0/state"), 5)
+            await asyncio.wait_for(_until(watcher, "dev0/state"), 20)
             shutil.rmtree(watched)
-            await asyncio.wait_for(_until(watcher, "thing"), 5)
+            await asyncio.wait_for(_until(watcher, "thing"), 20)
             (watched / "dev0").mkdir(parents=True)  # back again, under a new inode
-            await asyncio.wait_for(_until(watcher, "thing"), 5)
+            await asyncio.wait_for(_until(watcher, "thing"), 20)
             (watched / "dev0" / "state").write_text("2\n")  # seen only if the new directories were watched again
-            await asyncio.wait_for(_until(watcher, "dev0/state"), 5)
+            await asyncio.wait_for(_until(watcher, "dev0/state"), 20)
 
     asyncio.run(scenario())
 
@@ -80,7 +89,7 @@ def test_a_change_before_the_watches_exist_is_not_lost(tmp_path: Path) -> None:
                     stop.set()
         return woken
 
-    assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [("armed", "present\n")]
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == [("armed", "present\n")]
 
 
 def test_wake_says_what_happened() -> None:
@@ -112,7 +121,8 @@ def test_changes_iterates_until_stop_and_polls_without_events(tmp_path: Path) ->
                     (tmp_path / "state").write_text("DOWN\n")
                 if reason.startswith("inotify:"):
                     stop.set()  # the iteration ends at once, even though the next wait has begun
-        assert reasons[:3] == ["armed", "poll", "poll"], reasons
+        polls = [r for r in reasons if r != "rescan"]  # a loaded machine may fit the 0.6 s rescan in between
+        assert polls[:3] == ["armed", "poll", "poll"], reasons
         assert any(r.startswith("inotify:") for r in reasons), reasons
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
