@@ -8,6 +8,7 @@ import copy
 import os
 import re
 import shlex
+import socket
 import subprocess
 import threading
 import time
@@ -252,3 +253,22 @@ def node_events(client: Client, node: str, reason: str) -> list[Event]:
 def delete_pod(client: Client, pod: Pod) -> None:
     assert pod.metadata is not None
     client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace)
+
+
+@contextlib.contextmanager
+def port_forward(kubectl: Callable[..., subprocess.Popen[str]], namespace: str, target: str,
+                 port: int) -> Iterator[int]:
+    """``kubectl port-forward -n NAMESPACE TARGET LOCAL:PORT`` on a free local port (``kubectl`` starts kubectl with
+    these arguments, its output piped as text); yields the local port once kubectl says it forwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        local = int(s.getsockname()[1])
+    proc = kubectl("port-forward", "-n", namespace, target, f"{local}:{port}", "--address", "127.0.0.1")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "Forwarding from 127.0.0.1" in line, line + (proc.stdout.read() if proc.poll() is not None else "")
+        yield local
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -12,12 +12,11 @@ tests/e2e/test_dra_admission_webhook_e2e.py.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import socket
 import ssl
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from lightkube import Client
 from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Secret
-from runtime_helpers import Helm, chart_image, pods_of, rig_flags
+from runtime_helpers import Helm, chart_image, pods_of, port_forward, rig_flags
 
 pytestmark = pytest.mark.containerd
 
@@ -39,22 +38,11 @@ NAME = "neuron-dra-driver-admission-webhook"
 Wait = Callable[..., Any]
 
 
-@contextlib.contextmanager
-def port_forward(control_plane: ControlPlane, target: str, port: int) -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        local = int(s.getsockname()[1])
-    proc = subprocess.Popen([str(control_plane.kubectl), "--kubeconfig", str(control_plane.admin_kubeconfig),
-                             "port-forward", "-n", NS, target, f"{local}:{port}", "--address", "127.0.0.1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "Forwarding from 127.0.0.1" in line, line + (proc.stdout.read() if proc.poll() is not None else "")
-        yield local
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
+def kubectl(control_plane: ControlPlane) -> Callable[..., subprocess.Popen[str]]:
+    def start(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([str(control_plane.kubectl), "--kubeconfig", str(control_plane.admin_kubeconfig),
+                                 *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start
 
 
 def post_review(port: int, ca: bytes, server_name: str, review: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +99,7 @@ def test_the_charts_webhook_pod_answers_with_the_drivers_line(kubelet_node: Call
         service = hook["clientConfig"]["service"]
         assert (service["name"], service["namespace"], service["port"]) == (NAME, NS, 443)
 
-        with port_forward(control_plane, f"svc/{NAME}", 443) as local:
+        with port_forward(kubectl(control_plane), NS, f"svc/{NAME}", 443) as local:
             answer = wait(lambda: _try_post(local, ca, f"{NAME}.{NS}.svc"), "a review through the Service",
                           timeout=60)
         assert answer["response"]["uid"] == "0d4c1f9e-8a51-4b8e-9d7a-3c2f7e1b6a10"

@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 from accel_rig.containerdnode import CNI_PLUGIN
+from netns_holder import holder
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
-
-
-def _holder(*setup: str) -> subprocess.Popen[bytes]:
-    """A process in a new network namespace (lo up, then ``setup`` commands), sleeping until killed."""
-    script = "; ".join(["set -e", "ip link set lo up", *setup, "echo ready", "exec sleep 600"])
-    proc = subprocess.Popen(["unshare", "--net", "--", "/bin/sh", "-c", script], stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    return proc
 
 
 @pytest.fixture
@@ -43,8 +36,8 @@ def _in(pid: int, *cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cni_add_wires_the_pod_to_the_node(namespaces: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
-    node = _holder("ip addr add 10.201.7.9/32 dev lo")
-    pod = _holder()
+    node = holder("ip addr add 10.201.7.9/32 dev lo")
+    pod = holder()
     namespaces += [node, pod]
     conf = {"cniVersion": "1.0.0", "name": "accel-rig", "type": "accel-veth", "nodeIP": "10.201.7.9",
             "podPrefix": "10.88", "stateDir": str(tmp_path / "state")}
@@ -70,7 +63,7 @@ def test_cni_add_wires_the_pod_to_the_node(namespaces: list[subprocess.Popen[byt
         server.kill()
         server.wait()
     # A second pod gets the next address.
-    pod2 = _holder()
+    pod2 = holder()
     namespaces.append(pod2)
     env2 = {**env, "CNI_CONTAINERID": "fedcba9876543210fedc", "CNI_NETNS": f"/proc/{pod2.pid}/ns/net"}
     out2 = subprocess.run(["nsenter", f"--net=/proc/{node.pid}/ns/net", "--", str(CNI_PLUGIN)],
@@ -85,7 +78,7 @@ def test_cni_add_wires_the_pod_to_the_node(namespaces: list[subprocess.Popen[byt
 
 
 def test_cni_add_without_config_fails_with_a_cni_error(namespaces: list[subprocess.Popen[bytes]]) -> None:
-    pod = _holder()
+    pod = holder()
     namespaces.append(pod)
     env = {**os.environ, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "x", "CNI_NETNS": f"/proc/{pod.pid}/ns/net",
            "CNI_IFNAME": "eth0"}
@@ -105,7 +98,7 @@ def test_forwarder_carries_a_connection_out_of_the_namespace(namespaces: list[su
             conn.sendall(b"echo:" + conn.recv(100))
 
     threading.Thread(target=echo, daemon=True).start()
-    node = _holder("ip addr add 10.0.0.1/32 dev lo")
+    node = holder("ip addr add 10.0.0.1/32 dev lo")
     namespaces.append(node)
     proxy = subprocess.Popen([sys.executable, "-m", "accel_rig.netnsproxy",
                               f"--netns=/proc/{node.pid}/ns/net", "--listen=10.0.0.1:443",

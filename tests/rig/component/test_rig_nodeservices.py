@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from accel_rig.netnsproxy import listen_in, socket_in, udp_socket_in
 from accel_rig.noderoutes import NodeRoute
 from accel_rig.nodeservices import NodeServices
 from accel_rig.servicetable import ServiceTable, build
+from netns_holder import holder
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -25,20 +25,13 @@ NAME = "web.shop.svc.cluster.local"
 BIG = bytes(range(256)) * 4096 + b"pod on b\n"
 
 
-def _holder(*setup: str) -> subprocess.Popen[bytes]:
-    script = "; ".join(["set -e", "ip link set lo up", *setup, "echo ready", "exec sleep 600"])
-    proc = subprocess.Popen(["unshare", "--net", "--", "/bin/sh", "-c", script], stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    return proc
-
-
 @pytest.fixture
 def nodes() -> Iterator[tuple[NodeRoute, NodeRoute]]:
     """Node a (slot 0: pods 10.88.x.y) set up as the rig sets a node up, with a pod address on its lo; node b (slot
     1: pods 10.89.x.y) with a pod address of its own."""
-    a = _holder(f"ip addr add {DNS_IP}/32 dev lo", f"ip route add local {SERVICE_CIDR} dev lo",
+    a = holder(f"ip addr add {DNS_IP}/32 dev lo", f"ip route add local {SERVICE_CIDR} dev lo",
                 "ip addr add 10.88.0.5/32 dev lo")
-    b = _holder("ip addr add 10.89.0.7/32 dev lo")
+    b = holder("ip addr add 10.89.0.7/32 dev lo")
     try:
         routes = tuple(NodeRoute(name, slot, ip, 10250, p.pid, process_start_ticks(p.pid) or -1)
                        for name, slot, ip, p in (("a", 0, "10.201.0.2", a), ("b", 1, "10.201.0.3", b)))

@@ -11,10 +11,8 @@ a trn2.48xlarge has 16 Trainium2 devices and 64 logical NeuronCores at the defau
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -30,7 +28,17 @@ from chart_render import EFA_CHART, NEURON_CHART, SEED_DEVICE_PLUGIN_INSTALL
 from kube_fixtures import RealNode
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod, Service
-from runtime_helpers import BUSYBOX, Helm, allocatable, applied, chart_image, ds_ready, pods_of, running_1_of_1
+from runtime_helpers import (
+    BUSYBOX,
+    Helm,
+    allocatable,
+    applied,
+    chart_image,
+    ds_ready,
+    pods_of,
+    port_forward,
+    running_1_of_1,
+)
 
 pytestmark = pytest.mark.containerd
 
@@ -175,7 +183,7 @@ def test_logs_exec_and_port_forward(p5_with_efa: RealNode, kube_client: Client, 
         assert ex.returncode == 3 and ex.stdout == "2\n", (ex.returncode, ex.stdout, ex.stderr)
         # port-forward: a port of the pod's own loopback on this machine's 127.0.0.1
         wait(lambda: running_1_of_1(kube_client.get(Pod, "web", namespace=namespace).to_dict()), "web Running")
-        with _port_forward(kubectl, namespace, "web", 8080) as local:
+        with port_forward(kubectl.popen, namespace, "pod/web", 8080) as local:
             body = wait(lambda: _get(f"http://127.0.0.1:{local}/"), "the pod's server through port-forward")
         assert body == b"served from the pod"
 
@@ -189,20 +197,6 @@ def _get(url: str) -> bytes | None:
         return None
 
 
-@contextlib.contextmanager
-def _port_forward(kubectl: Kubectl, namespace: str, pod: str, port: int) -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        local = s.getsockname()[1]
-    proc = kubectl.popen("port-forward", "-n", namespace, f"pod/{pod}", f"{local}:{port}", "--address", "127.0.0.1")
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "Forwarding from 127.0.0.1" in line, line + (proc.stdout.read() if proc.poll() is not None else "")
-        yield local
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def test_one_fake_host_path_serves_a_p5_and_two_trn2_nodes(kubelet_node: NodeFactory, kube_client: Client,
