@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice
 from accel_core.hostfiles import parse_index
-from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME, NEURON_RESOURCE, NEURONCORE_RESOURCE
+from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME, NEURON_RESOURCE, NEURONCORE_RESOURCE, coreids
 from neuron_dra.coreids import core_id
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra.attributes import device_attributes, device_name
@@ -92,7 +92,8 @@ def physical_cores(lnc: int | None, core: int) -> range:
 
 
 def logical_cores(dev: NeuronDevice, lnc: int | None) -> int:
-    return dev.core_count // (lnc or 1) if dev.core_count > 0 else 0
+    """The chip's logical cores as core devices: none for a chip whose core count is unknown (0)."""
+    return coreids.logical_cores(dev.core_count, lnc) if dev.core_count > 0 else 0
 
 
 def _consumes(chip: int, cores: Sequence[int] | range) -> dict[str, dict[str, int]]:
