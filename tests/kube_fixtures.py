@@ -257,8 +257,8 @@ def kubelet_node(control_plane: ControlPlane, kube_client: Client) -> Iterator[C
         # containerd keeps image layers and an overlay on /dev under the node directory: on disk, not /dev/shm
         node_dir = (disk_base if runtime == CONTAINERD else base) / node_name
         node = KubeletNode(node_name, node_dir, server=control_plane.server, pki=control_plane.pki,
-                           bin_dir=control_plane.bin_dir, instance_type=instance_type, lnc=lnc, efa=efa,
-                           runtime=runtime)
+                           bin_dir=control_plane.bin_dir, instance_type=instance_type,
+                           host_options={"efa": efa, "lnc": lnc}, runtime=runtime)
         host = build_host(node.layout.host_root, instance_type, efa=efa, lnc=lnc)
         made.append(node)
         _NODES.append(node)

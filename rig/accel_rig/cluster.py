@@ -1,8 +1,9 @@
 """``accel-cluster``: run the real Kubernetes control plane on 127.0.0.1 in the background for people, with real
 kubelet nodes on fake hosts.
 
-    accel-cluster up [--state-dir D] [--node NAME=INSTANCE_TYPE ...] [--runtime fakecri|containerd] [--lnc 1|2]
-                     [--no-efa] [--no-with-scheduler] [--no-with-controller-manager]
+    accel-cluster up [--state-dir D] [--node NAME=INSTANCE_TYPE ...] [--runtime fakecri|containerd]
+                     [the accelerators' fake-host flags: --lnc 1|2, --no-efa...] [--no-with-scheduler]
+                     [--no-with-controller-manager]
     accel-cluster env                 # eval "$(accel-cluster env)": the cluster's kubectl and helm, its KUBECONFIG
     accel-cluster node-env NAME       # KEY=value lines for the daemons: env $(accel-cluster node-env n1) ...
     accel-cluster logs NAMESPACE/POD [-c CONTAINER] [-f] [--tail N] [--previous]   # from the node's /var/log/pods
@@ -26,9 +27,11 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from accel_core.fakehost.parts import cli_options
 from accel_core.k8snames import is_label
 from accel_rig.containerdnode import FAKECRI_RUNTIME, RUNTIMES
 from accel_rig.controlplane import APISERVER, ControlPlane, stop_recorded
@@ -53,7 +56,8 @@ def _node_spec(text: str) -> tuple[str, str]:
     """``NAME=INSTANCE_TYPE`` for ``--node``."""
     name, sep, itype = text.partition("=")
     if not sep or not itype:
-        raise argparse.ArgumentTypeError(f"--node wants NAME=INSTANCE_TYPE, e.g. n1=p5.48xlarge; got {text!r}")
+        raise argparse.ArgumentTypeError(f"--node wants NAME=INSTANCE_TYPE (a type `fake-sysfs --list` shows); "
+                                         f"got {text!r}")
     if not is_label(name, most=32):
         raise argparse.ArgumentTypeError(f"node name {name!r}: lower-case letters, digits and '-', at most 32")
     return name, itype
@@ -65,31 +69,42 @@ def node_dirs(state_dir: Path) -> list[Path]:
     return sorted(d for d in base.iterdir() if (d / "node.json").exists()) if base.is_dir() else []
 
 
-def _lnc_for(instance_type: str, lnc: int | None) -> int | None:
-    """``--lnc`` applies to the nodes whose instance type has a Logical NeuronCore setting."""
+def _host_options(args: argparse.Namespace, instance_type: str) -> dict[str, Any]:
+    """The fake-host build options of a node of ``instance_type``: each cluster-wide flag of the accelerators'
+    fake-host parts (``--lnc 1``) where its part says it applies to the type, else the part's default."""
     from accel_core.awsfacts.catalog import UnknownInstanceType, get
-    from accel_core.fakehost.parts import part_types
 
     try:
         spec = get(instance_type)
-        return lnc if lnc is not None and all(p.applies(spec, "lnc") for p in part_types()) else None
     except UnknownInstanceType:
-        return lnc  # the host build names the unknown type
+        spec = None  # the host build names the unknown type
+    return {opt.option: getattr(args, opt.option) if spec is None or part.applies(spec, opt.option)
+            else part.options.get(opt.option) for part, opt in cli_options(cluster_wide_only=True)}
+
+
+def _refuse_unused(args: argparse.Namespace, options: Mapping[str, Mapping[str, Any]]) -> None:
+    """A flag given (not its default) that no node's type takes (``options``: instance type -> its host options)
+    is an error naming the flag and the types."""
+    for part, opt in cli_options(cluster_wide_only=True):
+        given = getattr(args, opt.option)
+        if options and given != part.options.get(opt.option) and all(o[opt.option] != given
+                                                                        for o in options.values()):
+            shown = "" if opt.kwargs.get("action") in ("store_true", "store_false") else f" {given}"
+            raise ControlPlaneError(f"{opt.flag}{shown}: none of the nodes' instance types takes it "
+                                    f"({', '.join(options)})")
 
 
 def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
     """Start one kubelet node per ``--node``; a failed one is stopped again and the error names it."""
     from accel_core.fakehost import FakeHostError, UnknownInstanceType, build_host
 
-    wanted = {name: (itype, _lnc_for(itype, args.lnc), not args.no_efa, args.runtime) for name, itype in args.node}
-    if args.lnc is not None and args.node and all(lnc is None for _, lnc, _, _ in wanted.values()):
-        raise ControlPlaneError(f"--lnc {args.lnc}: none of the nodes' instance types has a Logical NeuronCore "
-                                "setting (trn2 types have)")
+    wanted = {name: (itype, _host_options(args, itype), args.runtime) for name, itype in args.node}
+    _refuse_unused(args, {itype: options for itype, options, _ in wanted.values()})
     for node_dir in node_dirs(args.state_dir):  # nodes of an earlier `up` come back too
         old = NodeRecord.load(node_dir)
         if old is not None and old.name not in wanted:
-            wanted[old.name] = (old.instance_type, old.lnc, old.efa, old.runtime)
-    for name, (itype, lnc, efa, runtime) in wanted.items():
+            wanted[old.name] = (old.instance_type, old.host_options, old.runtime)
+    for name, (itype, options, runtime) in wanted.items():
         node_dir = args.state_dir / NODES_DIR / name
         record = NodeRecord.load(node_dir)
         if record is not None and any(recorded_process(p) for p in record.processes):
@@ -101,12 +116,12 @@ def _start_nodes(args: argparse.Namespace, server: str, pki: Pki) -> None:
         layout = NodeLayout(node_dir, runtime)
         if not layout.host_root.exists():
             try:
-                build_host(layout.host_root, itype, efa=efa, lnc=lnc)
+                build_host(layout.host_root, itype, **options)
             except (UnknownInstanceType, FakeHostError) as e:
                 shutil.rmtree(node_dir, ignore_errors=True)
                 raise ControlPlaneError(f"node {name}: {e}") from e
         node = KubeletNode(name, node_dir, server=server, pki=pki, bin_dir=kube_bin_dir(), instance_type=itype,
-                           lnc=lnc, efa=efa, detach=True, cert_days=365, verbosity=args.verbosity, runtime=runtime)
+                           host_options=options, detach=True, cert_days=365, verbosity=args.verbosity, runtime=runtime)
         try:
             node.start()
             node.wait_ready(timeout=args.timeout)
@@ -346,8 +361,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--verbosity", type=int, default=0, help="klog -v level of the kube components")
     up.add_argument("--node", type=_node_spec, action="append", default=[], metavar="NAME=INSTANCE_TYPE",
                     help="run a real kubelet node on a fake host of that instance type (repeatable)")
-    up.add_argument("--lnc", type=int, choices=(1, 2), help="Logical NeuronCore setting of the nodes' fake hosts")
-    up.add_argument("--no-efa", action="store_true", help="build the nodes' fake hosts without EFA")
+    for _part, option in cli_options(cluster_wide_only=True):  # the accelerators' fake-host flags (--lnc, --no-efa)
+        option.add_to(up, help=f"the nodes' fake hosts: {option.kwargs.get('help', option.option)}")
     up.add_argument("--runtime", choices=RUNTIMES, default=FAKECRI_RUNTIME,
                     help="container runtime of the new nodes: fakecri (records what a container would get; the fast "
                          "default) or containerd (real containers; `make runtime` builds it)")

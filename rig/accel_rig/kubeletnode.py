@@ -106,8 +106,7 @@ class KubeletNode:
         pki: Pki,
         bin_dir: Path,
         instance_type: str = "",
-        lnc: int | None = None,
-        efa: bool = True,
+        host_options: Mapping[str, Any] | None = None,
         detach: bool = False,
         verbosity: int = 0,
         cert_days: int = 30,
@@ -129,8 +128,8 @@ class KubeletNode:
         self.pki = pki
         self.bin_dir = Path(bin_dir)
         self.instance_type = instance_type
-        self.lnc = lnc
-        self.efa = efa
+        #: the options its fake host was built with (recorded, so ``accel-cluster up`` can build it again)
+        self.host_options = dict(host_options or {})
         self._detach = detach
         self._verbosity = verbosity
         self._cert_days = cert_days
@@ -411,7 +410,7 @@ class KubeletNode:
             if rec is not None:
                 procs.append(rec)
         loopback = loopback_ip(self.slot) if self.runtime == CONTAINERD else ""
-        NodeRecord(self.name, self.instance_type, tuple(procs), self.ports, self.lnc, self.efa,
+        NodeRecord(self.name, self.instance_type, tuple(procs), self.ports, self.host_options,
                    self.runtime, loopback).save(self.layout.dir)
 
 
@@ -431,6 +430,6 @@ def stop_recorded_node(node_dir: Path, timeout: float = 20.0) -> list[str]:
         stop_namespace(node_dir, RuntimeBinaries.default(), holder=holder, timeout=timeout)
         stopped += [f"{name}/{record.name}" for name in (ContainerdRuntime.CONTAINERD, ContainerdRuntime.HOLDER)
                     if name in live_of]
-    NodeRecord(record.name, record.instance_type, (), record.ports, record.lnc, record.efa,
+    NodeRecord(record.name, record.instance_type, (), record.ports, record.host_options,
                record.runtime, record.loopback).save(node_dir)
     return stopped

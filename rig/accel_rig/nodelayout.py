@@ -4,8 +4,9 @@ node's record ``node.json`` (:class:`NodeRecord`) that ``accel-cluster`` reads t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from accel_rig.containerdnode import FAKE_HOST_IN_NODE
 from accel_rig.controlplane_errors import ControlPlaneError
@@ -128,8 +129,8 @@ class NodeRecord:
     instance_type: str
     processes: tuple[ProcessRecord, ...] = ()
     ports: tuple[int, ...] = ()
-    lnc: int | None = None
-    efa: bool = True
+    host_options: dict[str, Any] = field(default_factory=dict)
+    """The fake host's build options (the accelerators' parts' flags, ``accel-cluster up``), to build it again."""
     runtime: str = FAKECRI
     #: A containerd node's machine-loopback address (127.0.0.N), where its kubelet port is served.
     loopback: str = ""
@@ -149,8 +150,7 @@ class NodeRecord:
                 instance_type=str(raw["instance_type"]),
                 processes=tuple(ProcessRecord.from_json(p) for p in raw.get("processes", [])),
                 ports=tuple(int(x) for x in raw.get("ports", [])),
-                lnc=None if raw.get("lnc") is None else int(raw["lnc"]),
-                efa=bool(raw.get("efa", True)),
+                host_options=dict(raw.get("host_options") or {}),
                 runtime=str(raw.get("runtime", FAKECRI)),
                 loopback=str(raw.get("loopback", "")),
             )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CORE = (REPO / "accel_core",)
+CORE = (REPO / "accel_core", REPO / "rig" / "accel_rig")
 
 #: EFA and Neuron words, their instance families (trn2, inf1, p5, p4d, p6-b200...), and Neuron-only settings
 WORDS = re.compile(r"(?<![a-z0-9])(efa|neuron[a-z0-9]*|trainium\d*|inferentia\d*|trn\d[a-z0-9-]*|inf\d[a-z0-9-]*|"
