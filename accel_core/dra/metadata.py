@@ -21,7 +21,6 @@ container of the request gets exactly once, and which the checkpoint keeps, so a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accel_core.atomic import atomic_write_text
+import msgspec
+
 from accel_core.dra.slicemodel import AttributeValue, Version
 from accel_core.edits import Mount
 from accel_core.k8snames import is_label, is_subdomain, shown
@@ -45,6 +45,7 @@ POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 VERSIONS = ("metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1")
 #: the API's limit on attributes per device in a metadata file
 MAX_ATTRIBUTES = 32
+_ENCODER = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,9 @@ class MetadataFiles:
         if claim.pod_claim_name:
             body["podClaimName"] = claim.pod_claim_name
         body["requests"] = [{"name": request, "devices": [self._device(d) for d in devices]}]
-        return "".join(json.dumps({"kind": "DeviceMetadata", "apiVersion": version, **body}, indent=2) + "\n"
-                       for version in VERSIONS)
+        return b"".join(msgspec.json.format(_ENCODER.encode({"kind": "DeviceMetadata", "apiVersion": version,
+                                                               **body}), indent=2) + b"\n"
+                        for version in VERSIONS).decode()
 
     def _device(self, device: MetadataDevice) -> dict[str, Any]:
         out: dict[str, Any] = {"driver": self.driver, "pool": device.pool, "name": device.name}
@@ -136,7 +138,17 @@ class MetadataFiles:
         """Write the request's file (replacing any earlier one) and return the mount that puts it in the container."""
         path = self.host_file(claim, request)
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        atomic_write_text(path, self.document(claim, request, devices), mode=0o644, durable=False)
+        # Written in place, as the kubelet-plugin helper writes it: no container has it mounted yet (a claim is
+        # written only while it is not recorded as prepared), and a durable copy is not needed (the checkpoint is
+        # the record; a lost or torn file is written again by the next prepare of an unrecorded claim).
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+            data = memoryview(self.document(claim, request, devices).encode())
+            while data:  # a regular file takes it all at once unless the disk is full (then the next write raises)
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
         return Mount(host_path=str(path), container_path=self.container_file(claim, request), read_only=True)
 
     def remove(self, namespace: str, name: str) -> None:
