@@ -116,14 +116,21 @@ class MetadataFiles:
 
     def document(self, claim: ClaimIdentity, request: str, devices: Sequence[MetadataDevice]) -> str:
         """The file's content: the object once per version, newest first, two-space indented."""
+        return self._encode(self._body(claim, request, devices)).decode()
+
+    def _body(self, claim: ClaimIdentity, request: str, devices: Sequence[MetadataDevice]) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid, "generation": 1}
         body: dict[str, Any] = {"metadata": meta}
         if claim.pod_claim_name:
             body["podClaimName"] = claim.pod_claim_name
         body["requests"] = [{"name": request, "devices": [self._device(d) for d in devices]}]
+        return body
+
+    @staticmethod
+    def _encode(body: Mapping[str, Any]) -> bytes:
         return b"".join(msgspec.json.format(_ENCODER.encode({"kind": "DeviceMetadata", "apiVersion": version,
                                                                **body}), indent=2) + b"\n"
-                        for version in VERSIONS).decode()
+                        for version in VERSIONS)
 
     def _device(self, device: MetadataDevice) -> dict[str, Any]:
         out: dict[str, Any] = {"driver": self.driver, "pool": device.pool, "name": device.name}
@@ -136,20 +143,28 @@ class MetadataFiles:
 
     def write(self, claim: ClaimIdentity, request: str, devices: Sequence[MetadataDevice]) -> Mount:
         """Write the request's file (replacing any earlier one) and return the mount that puts it in the container."""
-        path = self.host_file(claim, request)
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        claim_dir = str(self.claim_dir(claim))
+        request_dir = f"{claim_dir}/{base_request(request)}"
+        for directory in (claim_dir, request_dir):  # two levels under the root: no recursion, no exception raised
+            try:
+                os.mkdir(directory, 0o755)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:  # the first claim: the root is made once
+                os.makedirs(directory, 0o755, exist_ok=True)
+        path = f"{request_dir}/{HOST_FILE}"
         # Written in place, as the kubelet-plugin helper writes it: no container has it mounted yet (a claim is
         # written only while it is not recorded as prepared), and a durable copy is not needed (the checkpoint is
         # the record; a lost or torn file is written again by the next prepare of an unrecorded claim).
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             os.fchmod(fd, 0o644)
-            data = memoryview(self.document(claim, request, devices).encode())
+            data = memoryview(self._encode(self._body(claim, request, devices)))
             while data:  # a regular file takes it all at once unless the disk is full (then the next write raises)
                 data = data[os.write(fd, data):]
         finally:
             os.close(fd)
-        return Mount(host_path=str(path), container_path=self.container_file(claim, request), read_only=True)
+        return Mount(host_path=path, container_path=self.container_file(claim, request), read_only=True)
 
     def remove(self, namespace: str, name: str) -> None:
         """Remove a claim's files (nothing there is not an error)."""
@@ -170,7 +185,22 @@ class MetadataFiles:
 
     @staticmethod
     def _remove(target: Path) -> None:
-        if target.is_symlink() or target.is_file():
+        """A claim's directory (its request directories, each with its file), without rmtree's walk in the common
+        case; anything else there (a link, a deeper tree) goes by rmtree, which never follows links."""
+        try:
+            with os.scandir(target) as requests:
+                for request in requests:
+                    if not request.is_dir(follow_symlinks=False):
+                        os.unlink(request.path)
+                        continue
+                    with os.scandir(request.path) as files:
+                        for file in files:
+                            os.unlink(file.path)
+                    os.rmdir(request.path)
+            os.rmdir(target)
+        except FileNotFoundError:
+            return
+        except NotADirectoryError:
             os.unlink(target)
-        elif target.is_dir():
-            shutil.rmtree(target)
+        except OSError:  # a directory where a file belongs, or the like
+            shutil.rmtree(target, ignore_errors=True)
