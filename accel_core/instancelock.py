@@ -9,7 +9,7 @@ naming that process (its pid is in the file), and the daemon exits 2. Where the 
   sub-directory because the kubelet, when it starts, deletes the files in the device-plugins directory but not its
   sub-directories;
 - a DRA driver: ``dra[-<podUID>].lock`` beside its DRA socket
-  (``accel_core.dra.pluginserver.instance_lock_path``); the two
+  (``accel_core.dra.sockets.instance_lock_path``); the two
   pods of a rolling update have different pod UIDs, so different sockets and lock files, and both run.
  The kernel drops a ``flock`` when its holder exits, however
 it exits, so a lock file left by a dead process never blocks a restart; the files are therefore never removed

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 from accel_rig.kubelet_standin import KubeletStandIn
 
-from accel_core.deviceplugin.pluginserver import edits_to_response
+from accel_core.deviceplugin.kubeletservice import edits_to_response
 from accel_core.fakehost import build_host
 from accel_core.paths import HostPaths
 from neuron_dra.allocation import choose_cores, choose_devices

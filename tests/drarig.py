@@ -30,8 +30,9 @@ from accel_core.dra.claimreport import ClaimProblem
 from accel_core.dra.claims import ClaimGet, ClaimReader
 from accel_core.dra.config import OpaqueEntry, configs_for_requests
 from accel_core.dra.daemon import DraService, Publisher, ServiceSettings
+from accel_core.dra.kubeletservices import Results
 from accel_core.dra.metadata import MetadataFiles
-from accel_core.dra.pluginserver import DraPlugin, Results
+from accel_core.dra.pluginserver import DraPlugin
 from accel_core.dra.preparation import CDI_CLASS, DraDriver, cdi_vendor
 from accel_core.dra.prepared import PreparedClaim
 from accel_core.dra.profile import DraProfile

@@ -22,15 +22,15 @@ import contextlib
 import dataclasses
 import logging
 import os
-import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 
+from accel_core.deviceplugin.kubeletservice import DevicePluginGrpc
 from accel_core.deviceplugin.policy import AdvertisedDevice, AllocationError, DevicePluginPolicy
+from accel_core.deviceplugin.servermetrics import DevicePluginMetrics, metrics_for
 from accel_core.edits import ContainerEdits
 from accel_core.grpc_types import Ctx
 from accel_core.instancelock import InstanceConflict, InstanceLock, LockPathError
@@ -57,122 +57,12 @@ MAX_ID_IN_ERROR = 64
 RE_ARM_S = 30.0
 
 
-_METRICS_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, DevicePluginMetrics] = weakref.WeakKeyDictionary()
-
-
-def metrics_for(registry: CollectorRegistry | None) -> DevicePluginMetrics:
-    """One metrics set per registry, shared by every server of a daemon (they differ by the resource label)."""
-    if registry is None:
-        from prometheus_client import CollectorRegistry
-
-        return DevicePluginMetrics(CollectorRegistry())
-    found = _METRICS_BY_REGISTRY.get(registry)
-    if found is None:
-        found = _METRICS_BY_REGISTRY[registry] = DevicePluginMetrics(registry)
-    return found
-
-
-class DevicePluginMetrics:
-    """Server-level metrics, labelled by resource."""
-
-    def __init__(self, reg: CollectorRegistry) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
-
-        self.registered = Gauge("accel_device_plugin_registered", "1 while registered with the kubelet",
-                                ["resource"], registry=reg)
-        self.registrations = Counter("accel_device_plugin_registrations_total",
-                                     "Successful Register calls to the kubelet", ["resource"], registry=reg)
-        self.devices = Gauge("accel_device_plugin_devices", "Advertised devices by health",
-                             ["resource", "health"], registry=reg)
-        self.allocations = Counter("accel_device_plugin_allocate_requests_total",
-                                   "Allocate container requests by result", ["resource", "result"], registry=reg)
-        self.allocate_seconds = Histogram("accel_device_plugin_allocate_duration_seconds",
-                                          "Allocate RPC latency", ["resource"], registry=reg,
-                                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1.0))
-
-
-def edits_to_response(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
-    """Translate generic container edits into the kubelet's per-container allocate response."""
-    resp = pb.ContainerAllocateResponse()
-    for node in edits.device_nodes:
-        resp.devices.append(pb.DeviceSpec(container_path=node.path, host_path=node.host_path or node.path,
-                                          permissions=node.permissions))
-    for mount in edits.mounts:
-        resp.mounts.append(pb.Mount(container_path=mount.container_path, host_path=mount.host_path,
-                                    read_only=mount.read_only))
-    resp.envs.update(dict(edits.env))
-    resp.annotations.update(dict(edits.annotations))
-    return resp
-
-
-def _to_pb_device(dev: AdvertisedDevice) -> pb.Device:
-    out = pb.Device(ID=dev.id, health="Healthy" if dev.healthy else "Unhealthy")
-    if dev.numa_node is not None and dev.numa_node >= 0:
-        out.topology.nodes.append(pb.NUMANode(ID=dev.numa_node))
-    return out
-
-
 def _identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_ctime_ns)
-
-
-class _Servicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, owner: DevicePluginServer) -> None:
-        self._owner = owner
-
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: Ctx) -> pb.DevicePluginOptions:  # noqa: N802
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
-
-    async def ListAndWatch(self, request: pb.Empty, context: Ctx) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802
-        async for devices in self._owner.device_updates():
-            yield pb.ListAndWatchResponse(devices=[_to_pb_device(d) for d in devices])
-
-    async def GetPreferredAllocation(  # noqa: N802
-        self, request: pb.PreferredAllocationRequest, context: Ctx
-    ) -> pb.PreferredAllocationResponse:
-        out = pb.PreferredAllocationResponse()
-        policy = await self._owner.loaded_policy(context)
-        for index, creq in enumerate(request.container_requests):
-            if index:
-                await asyncio.sleep(0)  # each container is bounded by the node; let other calls run between them
-            try:
-                available, must, size = self._owner.bounded_preferred_request(index, creq)
-                ids = policy.preferred(available, must, size)
-            except AllocationError as exc:
-                log.warning("preferred allocation refused", extra=kv(resource=self._owner.resource_name, error=exc))
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
-        return out
-
-    async def Allocate(self, request: pb.AllocateRequest, context: Ctx) -> pb.AllocateResponse:  # noqa: N802
-        owner = self._owner
-        resource = owner.resource_name
-        await owner.loaded_policy(context)
-        start = time.perf_counter()
-        out = pb.AllocateResponse()
-        for index, creq in enumerate(request.container_requests):
-            if index:
-                await asyncio.sleep(0)
-            try:
-                ids = owner.bounded_ids(f"Allocate container request {index}", "devices_ids", creq.devices_ids)
-                edits = owner.check_and_allocate(ids)
-            except AllocationError as exc:
-                owner.metrics.allocations.labels(resource, "error").inc()
-                log.warning("allocate refused", extra=kv(resource=resource, error=exc))
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            owner.metrics.allocations.labels(resource, "ok").inc()
-            out.container_responses.append(edits_to_response(edits))
-        owner.metrics.allocate_seconds.labels(resource).observe(time.perf_counter() - start)
-        return out
-
-    async def PreStartContainer(  # noqa: N802
-        self, request: pb.PreStartContainerRequest, context: Ctx
-    ) -> pb.PreStartContainerResponse:
-        return pb.PreStartContainerResponse()
 
 
 def _nothing_held(_resource: str) -> frozenset[str]:
@@ -440,7 +330,7 @@ class DevicePluginServer:
         with contextlib.suppress(FileNotFoundError):
             self._socket.unlink()
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES)])
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        pb_grpc.add_DevicePluginServicer_to_server(DevicePluginGrpc(self), server)
         try:
             check_socket_path(self._socket)
             server.add_insecure_port(f"unix://{self._socket}")

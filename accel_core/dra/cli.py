@@ -64,9 +64,9 @@ from accel_core.dra.daemon import (
     ServiceSettings,
     dra_driver_version,
 )
-from accel_core.dra.pluginserver import instance_lock_path
 from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
 from accel_core.dra.publisher import SlicePublisher, build_slices
+from accel_core.dra.sockets import instance_lock_path
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER
 from accel_core.dra.webhookserver import TlsFileError, WebhookServer
 from accel_core.dra.webhookserver import server_context as webhook_tls

@@ -39,33 +39,34 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from accel_core.backoff import Backoff
+from accel_core.dra.kubeletservices import (
+    DraV1beta1Service,
+    DraV1Service,
+    HealthService,
+    RegistrationService,
+    Results,
+)
 from accel_core.dra.logtext import Throttle, cut
+from accel_core.dra.sockets import dra_socket_path, instance_lock_path, unlink_stale
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
-from accel_core.grpc_types import Ctx
 from accel_core.instancelock import InstanceLock
-from accel_core.kubeletapi import dra_health_v1alpha1_pb2 as hp
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2_grpc as hp_grpc
-from accel_core.kubeletapi import dra_v1_pb2 as d1
 from accel_core.kubeletapi import dra_v1_pb2_grpc as d1_grpc
-from accel_core.kubeletapi import dra_v1beta1_pb2 as d1b
 from accel_core.kubeletapi import dra_v1beta1_pb2_grpc as d1b_grpc
-from accel_core.kubeletapi import pluginregistration_v1_pb2 as rp
 from accel_core.kubeletapi import pluginregistration_v1_pb2_grpc as rp_grpc
 from accel_core.kubeletapi.constants import (
     DRA_HEALTH_V1ALPHA1_SERVICE,
     DRA_V1_SERVICE,
     DRA_V1BETA1_SERVICE,
-    PLUGIN_TYPE_DRA,
 )
 from accel_core.logs import kv
-from accel_core.paths import HostPaths, check_socket_path
+from accel_core.paths import HostPaths
 
 if TYPE_CHECKING:
     from lightkube.resources.resource_v1 import ResourceClaim
 
 log = logging.getLogger(__name__)
 
-HEALTH_MESSAGE_MAX = 1024
 #: Threads of the DRA socket's server: each open health stream holds one; calls queue for the lock anyway.
 DRA_SERVER_THREADS = 8
 #: Health streams open at once, at most (the kubelet keeps one; a restarted kubelet's old one may linger): a new
@@ -75,7 +76,6 @@ MAX_HEALTH_STREAMS = 3
 #: that keeps calling NotifyRegistrationStatus costs no memory (each error is kept cut, :func:`cut`).
 REGISTRATION_STATUS_KEPT = 8
 
-Results = dict[str, tuple[list[PreparedDevice], str]]
 #: Claim UID -> its devices (prepare), None (unprepare), or its exception: a request's outcome before it is answered.
 Outcomes = Mapping[str, Any]
 
@@ -101,10 +101,6 @@ class DraMetrics:
                                  buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30))
         self.registered = Gauge("accel_dra_registered", "1 after the kubelet confirmed registration",
                                 ["driver"], registry=reg)
-
-
-def _truncate(message: str) -> str:
-    return message if len(message) <= HEALTH_MESSAGE_MAX else message[: HEALTH_MESSAGE_MAX - 3] + "..."
 
 
 def _stopping_error() -> ClaimError:
@@ -224,7 +220,7 @@ class DraPlugin:
         self._stream_ids = itertools.count()
         self._servers: list[grpc.aio.Server] = []
         self._dra_server: grpc.Server | None = None
-        #: The kubelet's last registration answers (bounded: :meth:`_registration_answered`).
+        #: The kubelet's last registration answers (bounded: :meth:`registration_answered`).
         self.registration_status: asyncio.Queue[tuple[bool, str]] = asyncio.Queue(REGISTRATION_STATUS_KEPT)
         self._rejections = Throttle(log, period=60.0)
         #: Set once the kubelet has confirmed a registration of this process's sockets.
@@ -244,23 +240,23 @@ class DraPlugin:
         self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
         self._stopping.clear()
         dra = grpc.server(ThreadPoolExecutor(DRA_SERVER_THREADS, thread_name_prefix="dra-grpc"))
-        d1_grpc.add_DRAPluginServicer_to_server(_DraV1(self), dra)
-        d1b_grpc.add_DRAPluginServicer_to_server(_DraV1beta1(self), dra)
+        d1_grpc.add_DRAPluginServicer_to_server(DraV1Service(self), dra)
+        d1b_grpc.add_DRAPluginServicer_to_server(DraV1beta1Service(self), dra)
         if self.serve_health:
-            hp_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), dra)
-        _unlink_stale(self.dra_socket)
+            hp_grpc.add_DRAResourceHealthServicer_to_server(HealthService(self), dra)
+        unlink_stale(self.dra_socket)
         dra.add_insecure_port(f"unix://{self.dra_socket}")
         dra.start()
         self._dra_server = dra
         reg = grpc.aio.server()
-        rp_grpc.add_RegistrationServicer_to_server(_Registration(self), reg)
+        rp_grpc.add_RegistrationServicer_to_server(RegistrationService(self), reg)
         await self._bind(reg, self.registration_socket)
         log.info("DRA plugin serving", extra=kv(driver=self.driver, registration=str(self.registration_socket),
                                                 endpoint=str(self.dra_socket),
                                                 versions=",".join(self.supported_versions)))
 
     async def _bind(self, server: grpc.aio.Server, path: Path) -> None:
-        _unlink_stale(path)
+        unlink_stale(path)
         server.add_insecure_port(f"unix://{path}")
         await server.start()
         self._servers.append(server)
@@ -281,8 +277,18 @@ class DraPlugin:
                 path.unlink()
         self.metrics.registered.labels(self.driver).set(0)
 
-    def _registration_answered(self, registered: bool, error: str) -> None:
-        """Keep the kubelet's answer (its error cut), dropping the oldest kept one when the queue is full."""
+    def registration_answered(self, registered: bool, error: str) -> None:
+        """The kubelet's NotifyRegistrationStatus: logged (a rejection at most once a minute), the registered gauge,
+        and the answer kept (its error cut), dropping the oldest kept one when the queue is full."""
+        if registered:
+            log.info("kubelet registered the DRA plugin", extra=kv(driver=self.driver))
+            self.metrics.registered.labels(self.driver).set(1)
+            self.registered_once.set()
+        else:
+            self._rejections.log(
+                logging.ERROR, "kubelet REJECTED the DRA plugin registration; check the kubelet version and that DRA "
+                "is on", extra=kv(driver=self.driver, error=cut(error)))
+            self.metrics.registered.labels(self.driver).set(0)
         if self.registration_status.full():
             with contextlib.suppress(asyncio.QueueEmpty):
                 self.registration_status.get_nowait()
@@ -420,128 +426,3 @@ class DraPlugin:
         """Let every waiting health stream look again (at the version, the stop, its call's state)."""
         with self._health_cond:
             self._health_cond.notify_all()
-
-
-def dra_socket_path(paths: HostPaths, driver: str, pod_uid: str | None) -> Path:
-    """``<plugins>/<driver>/dra[-<podUID>].sock``."""
-    return paths.plugins_data_dir / driver / (f"dra-{pod_uid}.sock" if pod_uid else "dra.sock")
-
-
-def instance_lock_path(paths: HostPaths, driver: str, pod_uid: str | None) -> Path:
-    """The instance lock beside the DRA socket: ``dra[-<podUID>].lock`` (one per set of socket names)."""
-    return dra_socket_path(paths, driver, pod_uid).with_suffix(".lock")
-
-
-def _unlink_stale(path: Path) -> None:
-    check_socket_path(path)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()  # a stale socket from a crashed run of *this* pod (the name includes our pod UID)
-
-
-def _prepare_v1(result: Results) -> d1.NodePrepareResourcesResponse:
-    resp = d1.NodePrepareResourcesResponse()
-    for uid, (devices, error) in result.items():
-        entry = resp.claims[uid]
-        entry.error = error
-        for dev in devices:
-            out = entry.devices.add(request_names=list(dev.request_names), pool_name=dev.pool,
-                                    device_name=dev.device, cdi_device_ids=list(dev.cdi_device_ids))
-            if dev.share_id:
-                out.share_id = dev.share_id
-    return resp
-
-
-def _prepare_v1beta1(result: Results) -> d1b.NodePrepareResourcesResponse:
-    resp = d1b.NodePrepareResourcesResponse()
-    for uid, (devices, error) in result.items():
-        entry = resp.claims[uid]
-        entry.error = error
-        for dev in devices:
-            entry.devices.add(request_names=list(dev.request_names), pool_name=dev.pool,
-                              device_name=dev.device, cdi_device_ids=list(dev.cdi_device_ids))
-    return resp
-
-
-def _claims(request: Any) -> list[ClaimRef]:
-    return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
-
-
-class _DraV1(d1_grpc.DRAPluginServicer):
-    def __init__(self, plugin: DraPlugin) -> None:
-        self._p = plugin
-
-    def NodePrepareResources(  # noqa: N802
-        self, request: d1.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> d1.NodePrepareResourcesResponse:
-        return _prepare_v1(self._p.prepare_claims_blocking(_claims(request)))
-
-    def NodeUnprepareResources(  # noqa: N802
-        self, request: d1.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
-    ) -> d1.NodeUnprepareResourcesResponse:
-        result = self._p.unprepare_claims_blocking(_claims(request))
-        resp = d1.NodeUnprepareResourcesResponse()
-        for uid, (_, error) in result.items():
-            resp.claims[uid].error = error
-        return resp
-
-
-class _DraV1beta1(d1b_grpc.DRAPluginServicer):
-    def __init__(self, plugin: DraPlugin) -> None:
-        self._p = plugin
-
-    def NodePrepareResources(  # noqa: N802
-        self, request: d1b.NodePrepareResourcesRequest, context: grpc.ServicerContext
-    ) -> d1b.NodePrepareResourcesResponse:
-        return _prepare_v1beta1(self._p.prepare_claims_blocking(_claims(request)))
-
-    def NodeUnprepareResources(  # noqa: N802
-        self, request: d1b.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
-    ) -> d1b.NodeUnprepareResourcesResponse:
-        result = self._p.unprepare_claims_blocking(_claims(request))
-        resp = d1b.NodeUnprepareResourcesResponse()
-        for uid, (_, error) in result.items():
-            resp.claims[uid].error = error
-        return resp
-
-
-class _Health(hp_grpc.DRAResourceHealthServicer):
-    def __init__(self, plugin: DraPlugin) -> None:
-        self._p = plugin
-
-    def NodeWatchResources(  # noqa: N802
-        self, request: hp.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[hp.NodeWatchResourcesResponse]:
-        context.add_callback(self._p.wake_health_streams)  # a cancelled stream wakes its thread at once
-        for reports in self._p.health_updates(context.is_active):
-            now = int(time.time())
-            msg = hp.NodeWatchResourcesResponse()
-            for r in reports:
-                status = hp.HEALTHY if r.healthy else (hp.UNKNOWN if r.healthy is None else hp.UNHEALTHY)
-                msg.devices.add(device=hp.DeviceIdentifier(pool_name=r.pool, device_name=r.device), health=status,
-                                last_updated_time=now, health_check_timeout_seconds=r.timeout_seconds,
-                                message=_truncate(r.message))
-            yield msg
-
-
-class _Registration(rp_grpc.RegistrationServicer):
-    def __init__(self, plugin: DraPlugin) -> None:
-        self._p = plugin
-
-    async def GetInfo(self, request: rp.InfoRequest, context: Ctx) -> rp.PluginInfo:  # noqa: N802
-        return rp.PluginInfo(type=PLUGIN_TYPE_DRA, name=self._p.driver, endpoint=str(self._p.dra_socket),
-                             supported_versions=self._p.supported_versions)
-
-    async def NotifyRegistrationStatus(  # noqa: N802
-        self, request: rp.RegistrationStatus, context: Ctx
-    ) -> rp.RegistrationStatusResponse:
-        if request.plugin_registered:
-            log.info("kubelet registered the DRA plugin", extra=kv(driver=self._p.driver))
-            self._p.metrics.registered.labels(self._p.driver).set(1)
-            self._p.registered_once.set()
-        else:
-            self._p._rejections.log(
-                logging.ERROR, "kubelet REJECTED the DRA plugin registration; check the kubelet version and that DRA "
-                "is on", extra=kv(driver=self._p.driver, error=cut(request.error)))
-            self._p.metrics.registered.labels(self._p.driver).set(0)
-        self._p._registration_answered(request.plugin_registered, request.error)
-        return rp.RegistrationStatusResponse()
