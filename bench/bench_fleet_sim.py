@@ -74,7 +74,7 @@ DEVICE_CLASSES = {"neuron.aws.com": "neuron.aws.com", "efa.networking.k8s.aws": 
 
 def set_device_classes(clients: Clients, core_devices: str) -> None:
     """The charts' DeviceClasses for ``draDriver.coreDevices.enabled`` off or on (neuron_dra.dra.cores' selectors,
-    which tests/unit/test_neuron_core_devices.py checks against the chart)."""
+    which tests/unit/neuron/test_neuron_core_devices.py checks against the chart)."""
     selectors = {name: f'device.driver == "{driver}"' for name, driver in DEVICE_CLASSES.items()}
     selectors["neuron.aws.com"] = CHIP_CLASS_SELECTOR if core_devices != "off" else PLAIN_CLASS_SELECTOR
     if core_devices != "off":

@@ -1,5 +1,5 @@
 """A device-plugin daemon as its own process under rig/accel_rig/heapprobe.py, served by the kubelet stand-in:
-what the kubelet-restart memory test and benches restart and measure (tests/component/test_kubelet_restart_heap.py,
+what the kubelet-restart memory test and benches restart and measure (tests/component/core/test_kubelet_restart_heap.py,
 bench/bench_kubelet_restarts.py), and the daemons and fake hosts they use (bench/bench_real_kubelet_restarts.py too).
 """
 

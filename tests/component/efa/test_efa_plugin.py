@@ -30,7 +30,7 @@ from accel_core.kubeletapi import podresources_v1_pb2 as pr
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 from efa_plugin.daemon import PLUGIN
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from accel_core.registry import accelerators
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 #: this distribution's accelerators (the image installs only it), as their registry declarations say

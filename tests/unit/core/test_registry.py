@@ -12,7 +12,7 @@ import yaml
 from accel_core.awsfacts import catalog
 from accel_core.registry import Accelerator, Daemon, RegistryError, accelerators, check, load_ref
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_two_daemons_on_one_port_are_refused_naming_both() -> None:

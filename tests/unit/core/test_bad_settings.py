@@ -16,7 +16,7 @@ from accel_core.cli import not_a_directory
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.tasks import logged_task
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PASSWD = "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
 
 

@@ -20,7 +20,7 @@ from accel_core.dra.checkpoint import FORMAT, Checkpoint, CheckpointFile
 from accel_core.dra.prepared import PreparedClaim, entry_format
 from accel_core.dra.store import ClaimStore
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: The previous release: the last commit before this round's work (reads entry format 2).
 PREVIOUS = "64528e2"
 #: The last driver before admin access (reads entry format 1 only).

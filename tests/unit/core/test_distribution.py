@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 RIG = tomllib.loads((REPO / "rig" / "pyproject.toml").read_text())
 

@@ -20,7 +20,7 @@ from hostcache import copy_host
 from accel_core.awsfacts import catalog
 from accel_core.kubeletapi import deviceplugin_v1beta1_pb2 as dp
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EFA = "vpc.amazonaws.com/efa"
 NEURON = "aws.amazon.com/neuron"
 TYPE = "trn2.48xlarge"

@@ -1,6 +1,6 @@
 """The ``fake-sysfs`` fault verbs (port, neuron-error, remove, restore, show): what each writes into a tree, bad
 input as one line naming the device and the valid ones with exit status 2, and removals restored from another
-process. The build form (``fake-sysfs --instance-type T DIR``) is tests/unit/test_fakehost.py's."""
+process. The build form (``fake-sysfs --instance-type T DIR``) is tests/unit/core/test_fakehost.py's."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from accel_core.kubeletapi import (
     podresources_v1_pb2,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 #: The generated gRPC modules, one per kubelet API .proto.
 STEMS = sorted(p.name.removesuffix("_pb2_grpc.py") for p in Path(kubeletapi.__file__).parent.glob("*_pb2_grpc.py"))

@@ -20,7 +20,7 @@ from accel_core.edits import ContainerEdits
 from accel_core.instancelock import LOCK_DIR, InstanceConflict, InstanceLock
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class OnePolicy:

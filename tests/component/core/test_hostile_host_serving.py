@@ -24,7 +24,7 @@ from hostcache import copy_host, shared_host
 
 from accel_core.fakehost import FakeHost
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EFA = "vpc.amazonaws.com/efa"
 NEURON = "aws.amazon.com/neuron"
 PROBLEM, RESOLVED = 'msg="host problem" ', 'msg="host problem resolved"'

@@ -241,7 +241,7 @@ def test_the_rule_reads_problem_kinds_not_messages(tmp_path: Path) -> None:
 
 
 def test_guard(short_tmp: Path) -> None:
-    """The device plugin side of the one rule (accel_core.coexistence; tests/unit/test_coexistence.py has its edge
+    """The device plugin side of the one rule (accel_core.coexistence; tests/unit/core/test_coexistence.py has its edge
     cases): a registration socket blocks both resources, and the reason names it."""
     _, node, dev, core = make(short_tmp, "inf2.xlarge")
     registry = node.paths.plugins_registry_dir

@@ -21,7 +21,7 @@ from accel_pkgs import write_package
 from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STARTS = 20
 DECLARE = "from accel_core.registry import Accelerator, Daemon\n"
 

@@ -29,7 +29,7 @@ LIMIT_PER_RESTART = 100
 RSS_LIMIT = 200_000
 THREAD_RESTARTS = 30
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("script", sorted(DAEMONS))

@@ -16,7 +16,7 @@ import pytest
 from accel_rig.kubelet_standin import KubeletStandIn
 from hostcache import copy_host
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DAEMONS = {
     "efa-device-plugin": (["efa_plugin.cli", "serve"], "p4d.24xlarge"),
     "neuron-device-plugin": (["neuron_dra.deviceplugin.cli", "serve"], "trn1.32xlarge"),

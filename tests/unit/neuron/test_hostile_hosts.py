@@ -59,7 +59,7 @@ from neuron_dra.health_rule import assess
 EFA_HOST = "p4d.24xlarge"  # 4 EFAs next to 8 GPUs
 NEURON_HOST = "trn1.32xlarge"  # 16 Neuron devices on a 4x4 torus, 8 EFAs mapped to them
 ODD_DIGITS = ["²", "１", "٣", "𝟘", "৪", "⑦", "\u2003", "+", "_", "-"]
-#: more examples for a deeper local run: ACCEL_HYPOTHESIS_SCALE=20 pytest tests/unit/test_hostile_hosts.py
+#: more examples for a deeper local run: ACCEL_HYPOTHESIS_SCALE=20 pytest tests/unit/neuron/test_hostile_hosts.py
 SCALE = float(os.environ.get("ACCEL_HYPOTHESIS_SCALE", "1"))
 GLOBAL_FILES = ("sys/class/dmi", "sys/devices/virtual/dmi", "opt/aws", "sys/module/neuron")
 

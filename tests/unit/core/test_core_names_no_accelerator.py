@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CORE = (REPO / "accel_core", REPO / "rig" / "accel_rig")
 
 #: EFA and Neuron words, their instance families (trn2, inf1, p5, p4d, p6-b200...), and Neuron-only settings

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from accel_core.registry import accelerators
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: this repository's accelerator packages, as their registry declarations name them
 PACKAGES = tuple(p for acc in accelerators() if acc.distribution == "aws-accel-agents" for p in acc.packages)
 #: the accelerators' fake-host parts (``efa_plugin.fakehost``): dev-only, beside the fake host they plug into

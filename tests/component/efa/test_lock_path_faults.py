@@ -18,7 +18,7 @@ from hostcache import copy_host
 from accel_core.instancelock import LOCK_DIR
 from efa_plugin import RESOURCE_NAME, SOCKET_NAME
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _symlink(path: Path) -> None:

@@ -31,7 +31,7 @@ from neuron_dra.deviceplugin.start import service
 
 NEURON = "aws.amazon.com/neuron"
 CORE = "aws.amazon.com/neuroncore"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @dataclass

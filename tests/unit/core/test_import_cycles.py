@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: package -> the directory that holds it
 PACKAGES = {"accel_core": REPO, "efa_plugin": REPO, "neuron_dra": REPO, "accel_rig": REPO / "rig"}
 
