@@ -413,17 +413,7 @@ def gaps(times: list[float]) -> list[float]:
 
 
 def run_error_api(api: ErrorApi, scenario: Callable[[SlicePublisher, FakeApi], Awaitable[None]]) -> None:
-    async def main() -> None:
-        pub = SlicePublisher(api, DRIVER, NODE, backoff_initial=0.05, backoff_max=0.4,  # type: ignore[arg-type]
-                             unreachable_retry=0.05)
-        stop = asyncio.Event()
-        task = asyncio.create_task(pub.run(stop))
-        try:
-            await scenario(pub, api)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 5)
-    asyncio.run(main())
+    run_with(api, scenario, backoff_initial=0.05, backoff_max=0.4, unreachable_retry=0.05)
 
 
 def server_error() -> ApiError:
