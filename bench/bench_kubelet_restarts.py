@@ -22,8 +22,9 @@ malloc's main heap, other anonymous memory such as pymalloc's arenas, each file)
 (``glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2``, the Dockerfile) to see what a deployed daemon does.
 
 Nothing is asserted here; tests/component/efa/test_kubelet_restart_objects.py asserts that the daemon's tasks, gRPC
-servers and channels and Python objects do not grow across restarts, and tests/component/core/test_kubelet_restart_heap.py
-that its native heap and RSS do not and that it keeps its threads (the image's tunables, streams up).
+servers and channels and Python objects do not grow across restarts, and
+tests/component/core/test_kubelet_restart_heap.py that its native heap and RSS do not and that it keeps its threads
+(the image's tunables, streams up).
 bench_real_kubelet_restarts.py does this with the real kubelet.
 """
 
