@@ -70,6 +70,14 @@ class MetadataDevice:
     attributes: Mapping[str, AttributeValue]
     network: Mapping[str, object] | None = None
     """``networkData`` (interfaceName, ips, hardwareAddress), as in the claim's status."""
+    published: Mapping[str, Any] | None = None
+    """The published attributes already in file form (:func:`encoded_attributes`, made once per scan), under
+    ``attributes``."""
+
+
+def encoded_attributes(attributes: Mapping[str, AttributeValue]) -> dict[str, Any]:
+    """Attributes in the file's form (``{"int": 2}``), in name order, as a device's published ones are kept."""
+    return {k: attribute_json(v) for k, v in sorted(attributes.items())}
 
 
 def attribute_json(value: AttributeValue) -> dict[str, Any]:
@@ -134,9 +142,11 @@ class MetadataFiles:
 
     def _device(self, device: MetadataDevice) -> dict[str, Any]:
         out: dict[str, Any] = {"driver": self.driver, "pool": device.pool, "name": device.name}
-        attributes = dict(sorted(device.attributes.items())[:MAX_ATTRIBUTES])
+        attributes = {**(device.published or {}), **{k: attribute_json(v) for k, v in device.attributes.items()}}
+        if len(attributes) > MAX_ATTRIBUTES:
+            attributes = dict(sorted(attributes.items())[:MAX_ATTRIBUTES])
         if attributes:
-            out["attributes"] = {k: attribute_json(v) for k, v in attributes.items()}
+            out["attributes"] = attributes
         if device.network:
             out["networkData"] = dict(device.network)
         return out

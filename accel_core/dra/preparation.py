@@ -82,11 +82,11 @@ from accel_core.dra.claimreport import (
 from accel_core.dra.claims import AllocatedDevice, allocated_for_node, check_claim_ref
 from accel_core.dra.config import ConfigError, configs_for_requests
 from accel_core.dra.logtext import cut
-from accel_core.dra.metadata import ClaimIdentity, MetadataDevice, MetadataFiles
+from accel_core.dra.metadata import ClaimIdentity, MetadataDevice, MetadataFiles, encoded_attributes
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile, RequestEdits
-from accel_core.dra.slicemodel import AttributeValue, SliceDevice
+from accel_core.dra.slicemodel import SliceDevice
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import (
     ClaimError,
@@ -179,7 +179,7 @@ class DraDriver:
         self._health = health if health is not None else HealthBook()
         #: Device metadata files (KEP-5304) for each prepared request, when on; the published attributes by device.
         self.metadata = metadata
-        self._published: Mapping[str, Mapping[str, AttributeValue]] = {}
+        self._published: Mapping[str, Mapping[str, Any]] = {}  # in the metadata file's form
         #: Seconds the last prepare spent on everything but the claim reads (for benchmarks).
         self.last_local_seconds = 0.0
 
@@ -189,7 +189,7 @@ class DraDriver:
 
     def set_published(self, devices: Sequence[SliceDevice]) -> None:
         """The devices as last handed to the slice publisher: their attributes go into the metadata files."""
-        self._published = {d.name: d.attributes for d in devices}
+        self._published = {d.name: encoded_attributes(d.attributes) for d in devices} if self.metadata else {}
 
     # -- restore ---------------------------------------------------------------------------------------------------
     def restore(self) -> list[str]:
@@ -489,10 +489,11 @@ class DraDriver:
             status = edits.status.get(d.device)
             # what the claim's status says of the device (scalars), under what the slice publishes, under what
             # the profile adds for the container
-            said = {k: v for k, v in (status.data.items() if status else ()) if isinstance(v, bool | int | str)}
-            devices.append(MetadataDevice(d.pool, d.device, {**said, **self._published.get(d.device, {}),
-                                                             **edits.metadata.get(d.device, {})},
-                                          status.network if status else None))
+            published = self._published.get(d.device, {})
+            said = {k: v for k, v in (status.data.items() if status else ())
+                    if isinstance(v, bool | int | str) and k not in published}
+            devices.append(MetadataDevice(d.pool, d.device, {**said, **edits.metadata.get(d.device, {})},
+                                          status.network if status else None, published))
         try:
             return self.metadata.write(identity, request, devices)
         except (OSError, ValueError) as exc:
