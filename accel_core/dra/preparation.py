@@ -535,18 +535,12 @@ class DraDriver:
                     removed_specs.append(claim.uid)
             except CdiError as exc:  # the spec stays usable: keep the entry (its devices stay held), fail the claim
                 out[claim.uid] = ClaimError(f"{exc}; the claim stays prepared until the kubelet retries")
-                continue
-            if self.metadata is not None:
-                try:
-                    self.metadata.remove(claim.namespace, claim.name)
-                except (OSError, ValueError) as exc:  # a leftover file: the next start prunes it
-                    log.warning("cannot remove the claim's device metadata files", extra=kv(claim=str(claim),
-                                                                                            error=exc))
         failed = [uid for uid, error in out.items() if error is not None]
         if failed:
             self.metrics.claim_errors.labels("unprepare").inc(len(failed))
         if self.store.error:
             log.warning("checkpoint unusable; removed the CDI specs only", extra=kv(claims=[str(c) for c in claims]))
+            self._remove_metadata(claims, out)
             return out
         try:
             removed = self.store.remove_many([c.uid for c in claims if out[c.uid] is None])
@@ -555,12 +549,28 @@ class DraDriver:
             error = ClaimError(f"cannot update checkpoint {self.store.path}: {exc}; {kept}, and the kubelet retries")
             stayed = [uid for uid, result in out.items() if result is None and self.store.get(uid) is not None]
             self.metrics.claim_errors.labels("unprepare").inc(len(stayed))
-            return {uid: error if uid in stayed else result for uid, result in out.items()}
+            out = {uid: error if uid in stayed else result for uid, result in out.items()}
+            self._remove_metadata(claims, out)  # the claims that stay prepared keep their files, as their specs
+            return out
+        self._remove_metadata(claims, out)
         for claim in claims:
             if claim.uid not in removed:
                 log.debug("unprepare of an unknown claim: nothing to do", extra=kv(claim=str(claim)))
         self._update_gauges()
         return out
+
+    def _remove_metadata(self, claims: Sequence[ClaimRef], out: Mapping[str, Exception | None]) -> None:
+        """The device metadata files of the claims unprepared (``out`` None), once their CDI specs and entries are
+        gone: a claim that stays prepared keeps the file its spec mounts."""
+        if self.metadata is None:
+            return
+        for claim in claims:
+            if out.get(claim.uid) is not None or not is_uid(claim.uid):
+                continue
+            try:
+                self.metadata.remove(claim.namespace, claim.name)
+            except (OSError, ValueError) as exc:  # a leftover file (or a name no file has): the next start prunes
+                log.warning("cannot remove the claim's device metadata files", extra=kv(claim=str(claim), error=exc))
 
     def _respec(self, uids: Sequence[str]) -> str:
         """Put back the CDI specs an unprepare removed before its checkpoint write failed, from the entries that

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from drarig import DriverRig, host_paths
 from hostcache import shared_host
@@ -78,3 +79,22 @@ def test_a_hostile_claim_name_in_unprepare_touches_no_path(tmp_path: Path) -> No
     victim.mkdir()
     errors = rig.unprepare(ClaimRef("..", "0b4a3f33-0bd2-4a5d-9c3f-8a1e25d0a004", "../../../victim"))
     assert errors == {"0b4a3f33-0bd2-4a5d-9c3f-8a1e25d0a004": None} and victim.exists()
+
+
+def test_a_claim_whose_unprepare_cannot_be_recorded_keeps_its_file(tmp_path: Path, monkeypatch: Any) -> None:
+    """The checkpoint write fails: the claim stays prepared (entry and CDI spec put back), so the file its spec
+    mounts stays too; the kubelet's retry removes it."""
+    rig = DriverRig(host_paths(tmp_path, shared_host("p5.48xlarge").root), EfaProfile(), metadata=True)
+    ref = rig.add("fabric", P5_EFAS, uid="0b4a3f33-0bd2-4a5d-9c3f-8a1e25d0a005", request="nic")
+    rig.prepare_one(ref)
+    (mount,) = spec_mounts(rig, ref.uid)
+
+    def full(uids: object) -> set[str]:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(rig.store, "remove_many", full)
+        assert rig.unprepare(ref)[ref.uid] is not None
+    assert Path(str(mount["hostPath"])).exists()
+    rig.unprepare_one(ref)
+    assert not Path(str(mount["hostPath"])).exists()
