@@ -86,7 +86,7 @@ from accel_core.dra.metadata import ClaimIdentity, MetadataDevice, MetadataFiles
 from accel_core.dra.metrics import DriverMetrics
 from accel_core.dra.prepared import STATE_COMPLETED, PreparedClaim, PreparedRequest
 from accel_core.dra.profile import DraProfile, RequestEdits
-from accel_core.dra.slicemodel import SliceDevice
+from accel_core.dra.slicemodel import AttributeValue, SliceDevice
 from accel_core.dra.store import ClaimStore
 from accel_core.dra.types import (
     ClaimError,
@@ -180,6 +180,7 @@ class DraDriver:
         #: Device metadata files (KEP-5304) for each prepared request, when on; the published attributes by device.
         self.metadata = metadata
         self._published: Mapping[str, Mapping[str, Any]] = {}  # in the metadata file's form
+        self._published_from: Mapping[str, Mapping[str, AttributeValue]] = {}  # ... encoded from these
         #: Seconds the last prepare spent on everything but the claim reads (for benchmarks).
         self.last_local_seconds = 0.0
 
@@ -188,8 +189,14 @@ class DraDriver:
         self.inventory = inventory
 
     def set_published(self, devices: Sequence[SliceDevice]) -> None:
-        """The devices as last handed to the slice publisher: their attributes go into the metadata files."""
-        self._published = {d.name: encoded_attributes(d.attributes) for d in devices} if self.metadata else {}
+        """The devices as last handed to the slice publisher: their attributes go into the metadata files (encoded
+        again only for a device whose attributes changed: a taint or a rescan hands over the same ones)."""
+        if self.metadata is None:
+            return
+        before = self._published_from
+        self._published_from = {d.name: d.attributes for d in devices}
+        self._published = {name: self._published[name] if before.get(name) == attrs else encoded_attributes(attrs)
+                           for name, attrs in self._published_from.items()}
 
     # -- restore ---------------------------------------------------------------------------------------------------
     def restore(self) -> list[str]:
