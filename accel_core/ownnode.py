@@ -5,7 +5,9 @@ A daemon says what it wants (``want(labels=..., annotations=...)``; a value of `
 touched, and keys the daemon does not own are left alone). Writes happen only when the wanted state differs from
 what was last written or read back, bursts are coalesced (``settle`` seconds), failures are retried with a backoff
 that resets on success, and the Node is read again every ``recheck`` seconds so a key someone else changed is put
-back. Without an API client it logs once and does nothing, so a daemon never fails for it.
+back. Without an API client it logs once and does nothing, so a daemon never fails for it. A daemon that already
+watches its Node hands each copy to :meth:`OwnNode.observe`: the copies count as reads (no GET, no periodic re-read),
+and a key someone else changed is put back at once.
 
 Which keys a daemon may write is the API server's decision (RBAC plus an admission policy that limits a node-bound
 token to its own Node and to the daemon's keys); a refusal is logged with the API's message and retried slowly.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from accel_core.backoff import Backoff
 from accel_core.logs import kv
@@ -52,6 +54,7 @@ class OwnNode:
         self._labels: Wanted = {}
         self._annotations: Wanted = {}
         self._written: tuple[Wanted, Wanted] | None = None
+        self._watched: Any = None  # the last copy of the Node a watch handed to observe()
         self._changed = asyncio.Event()
         #: Set after every successful write or read-back that found nothing to do (for tests and benchmarks).
         self.in_sync = asyncio.Event()
@@ -70,6 +73,20 @@ class OwnNode:
     def wanted(self) -> tuple[Wanted, Wanted]:
         return dict(self._labels), dict(self._annotations)
 
+    def observe(self, node: Any) -> None:
+        """A copy of the Node from the daemon's watch: what it holds of our keys is what is written, and a
+        difference from what we want wakes the writer (a copy from before our own last write, still on its way,
+        costs at most one repeated patch)."""
+        self._watched = node
+        labels, annotations = self.wanted()
+        held = _held(node, labels, annotations)
+        self._written = held
+        if held != (labels, annotations):
+            self.in_sync.clear()
+            self._changed.set()
+        elif not self._changed.is_set():
+            self.in_sync.set()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Write changes until ``stop``; never raises for API errors."""
         if self.client is None or not self.node_name:
@@ -83,7 +100,7 @@ class OwnNode:
             try:
                 await self._sync()
                 backoff.reset()
-                timeout = self.recheck
+                timeout = None if self._watched is not None else self.recheck  # a watch shows every change
             except ApiError as exc:
                 timeout = backoff.next()
                 log.warning("could not update our Node", extra=kv(
@@ -109,12 +126,8 @@ class OwnNode:
         self._changed.clear()
         labels, annotations = self.wanted()
         if self._written is None:
-            node = await self.client.get(Node, self.node_name)
-            meta = node.metadata
-            self._written = (
-                {k: (meta.labels or {}).get(k) for k in labels} if meta else {},
-                {k: (meta.annotations or {}).get(k) for k in annotations} if meta else {},
-            )
+            node = self._watched if self._watched is not None else await self.client.get(Node, self.node_name)
+            self._written = _held(node, labels, annotations)
         done_labels, done_annotations = self._written
         patch_labels = {k: v for k, v in labels.items() if done_labels.get(k) != v}
         patch_annotations = {k: v for k, v in annotations.items() if done_annotations.get(k) != v}
@@ -146,3 +159,10 @@ def optional_client(kubeconfig: str | None, field_manager: str) -> AsyncClient |
     except (ConfigError, OSError, ValueError) as exc:
         log.warning(f"no usable API server configuration: not updating our Node: {exc}", extra=kv(error=exc))
         return None
+
+
+def _held(node: Any, labels: Wanted, annotations: Wanted) -> tuple[Wanted, Wanted]:
+    """The values ``node`` has for the keys of ``labels`` and ``annotations`` (None: absent)."""
+    meta = node.metadata
+    return ({k: (meta.labels or {}).get(k) for k in labels} if meta else {},
+            {k: (meta.annotations or {}).get(k) for k in annotations} if meta else {})

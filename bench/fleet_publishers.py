@@ -78,8 +78,9 @@ async def serve(conn: Connection, kubeconfig: str, nodes: list[str], label_watch
                     watch.on_change = functools.partial(hand_over, pub, watch)
                     watches.append(watch)
                 hand_over(pub, watches[-1] if label_watch else None)
-            tasks = [asyncio.create_task(pub.run(stop)) for pub in pubs]
-            tasks += [asyncio.create_task(w.run(stop)) for w in watches]
+            tasks = [asyncio.create_task(w.run(stop)) for w in watches]
+            tasks += [asyncio.create_task(publish(pub, watches[i] if label_watch else None, stop))
+                      for i, pub in enumerate(pubs)]
         elif command == "health":
             current = sick
             for pub, watch in zip(pubs, watches or [None] * len(pubs), strict=True):
@@ -93,6 +94,15 @@ async def serve(conn: Connection, kubeconfig: str, nodes: list[str], label_watch
             return
         await asyncio.gather(*(pub.published.wait() for pub in pubs))
         conn.send((time.perf_counter() - t0, psutil.Process().memory_info().rss))
+
+
+async def publish(pub: SlicePublisher, watch: NodeLabelWatch | None, stop: asyncio.Event) -> None:
+    """As the driver publishes: with a Node watch, once it has read the Node, whose UID it hands over (no GET)."""
+    if watch is not None:
+        await watch.read.wait()
+        if watch.node is not None:
+            pub.know_node(watch.node)
+    await pub.run(stop)
 
 
 def worker(conn: Connection, kubeconfig: str, nodes: list[str], label_watch: bool = False) -> None:

@@ -35,7 +35,7 @@ from accel_core.dra.checkpoint import read_boot_id
 from accel_core.dra.claimreport import ClaimProblem
 from accel_core.dra.claims import ClaimGet, ClaimReader, NoApiClaimGet
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL, StaleClaimCleaner
-from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained
+from accel_core.dra.handover import DevicePluginHolds, Presence, device_plugin_drained, read_node
 from accel_core.dra.liveness import LivenessServer, check_own_sockets
 from accel_core.dra.metadata import MetadataFiles
 from accel_core.dra.metrics import DriverMetrics
@@ -117,6 +117,8 @@ class Publisher(Protocol):
     """Keeps this node's ResourceSlices as the devices handed to it (:class:`SlicePublisher`)."""
 
     def set_devices(self, devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None: ...
+
+    def know_node(self, node: Any) -> None: ...
 
     async def run(self, stop: asyncio.Event) -> None: ...
 
@@ -326,7 +328,7 @@ class DraService:
         else:
             log.error("no API server configuration (KUBECONFIG or in-cluster): no ResourceSlices will be published")
         if self.client is not None and (self.scan.node_labels or self.scan.node_annotations):
-            tasks.append(asyncio.create_task(self.own_node.run(stop)))
+            tasks.append(asyncio.create_task(self._own_node(stop)))
         if self.node_labels is not None:
             tasks.append(asyncio.create_task(self.node_labels.run(stop)))
         if self.status is not None:
@@ -365,35 +367,65 @@ class DraService:
             return
         if self.node_labels is not None:  # publish with the label attributes, not once without, once with
             await wake(stop, self.node_labels.read, timeout=NODE_LABELS_WAIT_S)
+            if self.node_labels.node is not None:
+                self.publisher.know_node(self.node_labels.node)
         await self.publisher.run(stop)
 
     async def _wait_device_plugin_drained(self, stop: asyncio.Event) -> bool:
         """A device plugin of this hardware may have served the node until now (it stands down as soon as it sees
         our registration, or its pod was just removed from the node by a migration label), and the Node's
         allocatable still offers its resources until the kubelet's next status update. Publish only once none is
-        allocatable (one Node read where none ever was; at most DRAIN_WAIT_S), so the scheduler never sees the same
-        devices on both sides. Returns True when ``stop`` came first."""
+        allocatable (at most DRAIN_WAIT_S), so the scheduler never sees the same devices on both sides. The Node
+        comes from the label watch when there is one (no request of its own), else from a GET every 0.5 s.
+        Returns True when ``stop`` came first."""
         resources = self.profile.scanner.coexistence.device_plugin_resources
         if self.client is None or not resources:
             return False
+        if self.node_labels is not None:
+            await wake(stop, self.node_labels.read, timeout=NODE_LABELS_WAIT_S)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + DRAIN_WAIT_S
         waited = False
         while loop.time() < deadline:
+            news = None
             try:
-                if await device_plugin_drained(self.client, self.node_name, resources):
+                node, news = await self._our_node()
+                if device_plugin_drained(node, resources):
                     if waited:
                         log.info("the device plugin has stood down (none of its resources allocatable); "
                                  "publishing", extra=kv(driver=self.driver_name))
                     return False
+                if not waited:
+                    log.info("the device plugin's resources are still allocatable on this Node; waiting to publish",
+                             extra=kv(driver=self.driver_name, resources=list(resources), at_most_s=DRAIN_WAIT_S))
                 waited = True
             except Exception as exc:  # noqa: BLE001 - the API may be away: keep waiting, then publish
                 log.debug("cannot read our Node yet", extra=kv(error=exc))
-            if await wake(stop, timeout=0.5) == STOP:
+            if await wake(stop, news, timeout=0.5 if news is None else 2.0) == STOP:
                 return True
         log.warning("the device plugin's resources are still allocatable on this Node; publishing anyway",
                     extra=kv(driver=self.driver_name, waited_seconds=DRAIN_WAIT_S, resources=list(resources)))
         return False
+
+    async def _own_node(self, stop: asyncio.Event) -> None:
+        """Keep our keys on the Node; with a label watch, from its copies (no GET of its own)."""
+        if self.node_labels is not None:
+            self.node_labels.observers.append(self.own_node.observe)
+            if self.node_labels.node is not None:
+                self.own_node.observe(self.node_labels.node)
+            else:
+                await wake(stop, self.node_labels.read, timeout=NODE_LABELS_WAIT_S)
+        await self.own_node.run(stop)
+
+    async def _our_node(self) -> tuple[Any, asyncio.Event | None]:
+        """Our Node as of now and the event its next copy sets: the label watch's copy when it has one (no
+        request), else one GET (and no event)."""
+        watch = self.node_labels
+        if watch is not None and watch.node is not None:
+            watch.seen.clear()
+            return watch.node, watch.seen
+        assert self.client is not None
+        return await read_node(self.client, self.node_name), None
 
     async def _watch_host(self, stop: asyncio.Event) -> None:
         async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,

@@ -186,13 +186,17 @@ class Presence:
         return None
 
 
-async def device_plugin_drained(client: AsyncClient, node: str, resources: tuple[str, ...]) -> bool:
-    """True when the Node's allocatable shows none of the device plugin's resources (it has stood down and the
-    kubelet has said so), so slices published now are never offered beside them."""
+async def read_node(client: AsyncClient, node: str) -> Any:
+    """One GET of Node ``node`` (5 s at most)."""
     from lightkube.resources.core_v1 import Node
 
-    obj = await asyncio.wait_for(client.get(Node, node), 5)
-    allocatable = (obj.status.allocatable or {}) if obj.status is not None else {}
+    return await asyncio.wait_for(client.get(Node, node), 5)
+
+
+def device_plugin_drained(node: Any, resources: tuple[str, ...]) -> bool:
+    """True when the Node's allocatable shows none of the device plugin's resources (it has stood down and the
+    kubelet has said so), so slices published now are never offered beside them."""
+    allocatable = (node.status.allocatable or {}) if node.status is not None else {}
     return all(str(allocatable.get(r, "0")) == "0" for r in resources)
 
 

@@ -7,7 +7,10 @@ EC2 instance topology and Capacity Blocks. A label that is absent (or empty) giv
 :class:`NodeLabelWatch` reads the Node once, then follows it with one watch (``fieldSelector
 metadata.name=<node>``) resumed from the last resourceVersion, re-reading only after an error (with backoff) or when
 the version is too old (410). Its cost is one watch per node; the scheduler reads nothing extra. It calls
-``on_change`` only when the mapped attributes change, so the Node's status updates cost no slice write.
+``on_change`` only when the mapped attributes change, so the Node's status updates cost no slice write. It is the
+driver's one view of its Node: the last copy seen (``node``) and a wake-up on each (``seen``) also serve the start's
+wait for a device plugin to leave the Node's allocatable, the slices' owner reference and the keys the driver owns on
+its Node (:meth:`accel_core.ownnode.OwnNode.observe`), so none of them sends a request of its own.
 """
 
 from __future__ import annotations
@@ -83,11 +86,18 @@ class NodeLabelWatch:
         self.on_change = on_change
         self.attributes: dict[str, str] = {}
         self.read = asyncio.Event()  #: set once the Node was read (or could not be: see :meth:`run`)
+        self.node: Any = None  #: the last copy of the Node read or watched (None until one was)
+        self.seen = asyncio.Event()  #: set on every copy of the Node (a waiter clears it, then waits)
+        self.observers: list[Callable[[Any], None]] = []  #: called with every copy of the Node
         self.requests = 0  #: GETs and watch requests sent (the watch's own reconnects are lightkube's)
         self._backoff = Backoff(backoff_initial, backoff_max)
         self._version: str | None = None  # the last resourceVersion seen: a new watch resumes from it
 
     def _seen(self, node: Any) -> None:
+        self.node = node
+        self.seen.set()
+        for observe in self.observers:
+            observe(node)
         labels = node.metadata.labels if node.metadata else None
         attrs = label_attributes(labels, self.mapping)
         if attrs != self.attributes:

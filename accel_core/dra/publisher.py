@@ -224,6 +224,11 @@ class SlicePublisher:
     def generation(self) -> int:
         return self._generation
 
+    def know_node(self, node: Any) -> None:
+        """Take the Node's UID (the slices' owner reference) from a copy the caller already has: no GET then."""
+        if node.metadata is not None and node.metadata.uid:
+            self._node_uid = node.metadata.uid
+
     def set_devices(self, devices: Sequence[SliceDevice], counters: Sequence[CounterSet] = ()) -> None:
         """The pool's complete device list (empty: publish no slices) and the counters its devices share.
         Raises SliceValidationError."""

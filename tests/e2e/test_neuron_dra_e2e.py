@@ -17,9 +17,11 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from accel_rig.controlplane import ControlPlane
 from accel_rig.kubelet_standin import KubeletStandIn
 from lightkube import ApiError, Client, KubeConfig, codecs
 from lightkube.models.resource_v1 import ResourceSliceSpec
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node, NodeStatus, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate, ResourceSlice
 from neuron_listings import TRN2_48XLARGE_GUIDE
 
@@ -491,3 +493,41 @@ def test_trn2_numa_node_and_node_label_attributes_follow_the_node(
     started = time.monotonic()
     assert driver.stop() == 0, driver.tail()
     assert time.monotonic() - started < 4, "the Node watch held up the driver's exit"
+
+
+def _node_gets(control_plane: ControlPlane) -> float:
+    """GETs of single Nodes the API server has answered so far (its ``apiserver_request_total``)."""
+    cert, key = control_plane.pki.client("admin")
+    ctx = ssl.create_default_context(cafile=str(control_plane.ca_cert))
+    ctx.load_cert_chain(str(cert), str(key))
+    text = urllib.request.urlopen(f"{control_plane.server}/metrics", context=ctx, timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("apiserver_request_total{") and 'resource="nodes"' in line
+               and 'verb="GET"' in line and 'scope="resource"' in line and 'subresource=""' in line)
+
+
+def test_beside_a_device_plugin_the_driver_waits_on_its_node_watch_not_by_polling(
+    control_plane: ControlPlane, kube_client: Client, fake_node: FakeNode, start_driver: Callable[[str, str], Driver],
+    wait: Wait,
+) -> None:
+    """While the Node's allocatable still offers the device plugin's ``aws.amazon.com/neuron``, the driver publishes
+    nothing; it follows the Node through the one watch its label attributes already need, and so do the slices'
+    owner reference and the UltraServer labels it owns (removed here: a trn2 outside an UltraServer). The whole start
+    is one GET of the Node however long the wait, and it publishes within seconds of the kubelet's status update."""
+    node = fake_node(labels={"node.kubernetes.io/instance-type": "trn2.48xlarge"})
+    offered = {"cpu": "8", "memory": "32Gi", "pods": "110", "aws.amazon.com/neuron": "16"}
+    kube_client.patch(NodeStatus, node, {"status": {"capacity": offered, "allocatable": offered}})
+    before = _node_gets(control_plane)
+    driver = start_driver(node, "trn2.48xlarge")
+    wait(lambda: "waiting to publish" in driver.tail() or None, "the driver waiting for the device plugin", timeout=60)
+    time.sleep(4)  # eight polls of a GET loop
+    assert node_slices(kube_client, node) == [], "published beside the device plugin's allocatable resources"
+    drained = {**offered, "aws.amazon.com/neuron": "0"}
+    kube_client.patch(NodeStatus, node, {"status": {"capacity": drained, "allocatable": drained}})
+    started = time.monotonic()
+    wait_published(kube_client, driver, 16, wait)
+    assert time.monotonic() - started < 5, "the status update took more than 5 s to reach the driver"
+    assert _node_gets(control_plane) - before == 1, driver.tail()
+    [published] = node_slices(kube_client, node)
+    [owner] = published["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Node", kube_client.get(Node, node).metadata.uid)

@@ -13,6 +13,7 @@ from lightkube import AsyncClient, Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
+from accel_core.dra.nodelabels import NodeLabelWatch
 from accel_core.ownnode import OwnNode
 
 
@@ -83,5 +84,46 @@ def test_own_node_without_rights_logs_and_keeps_running(control_plane: ControlPl
         stop.set()
         await asyncio.wait_for(task, 5)
         await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_own_node_fed_by_the_drivers_node_watch_puts_a_tampered_key_back_at_once(
+        control_plane: ControlPlane, kube_client: Client, fake_node: Callable[..., str]) -> None:
+    """Fed by the Node watch the DRA driver keeps for its label attributes, OwnNode sends no GET: the watch's copies
+    are its read-back, so a key someone else changes is put back within seconds, not at the next 300 s re-read."""
+    node = fake_node()
+
+    async def scenario() -> None:
+        client = AsyncClient(KubeConfig.from_file(control_plane.admin_kubeconfig))
+        gets = 0
+        real_get = client.get
+
+        async def counted_get(*args: Any, **kwargs: Any) -> Any:
+            nonlocal gets
+            gets += 1
+            return await real_get(*args, **kwargs)
+
+        own = OwnNode(client, node, settle=0.05)  # the default 300 s re-read
+        watch = NodeLabelWatch(client, node, {}, lambda: None)
+        watch.observers.append(own.observe)
+        client.get = counted_get  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(watch.run(stop))]
+        try:
+            await asyncio.wait_for(watch.read.wait(), 10)
+            tasks.append(asyncio.create_task(own.run(stop)))
+            own.want(labels={"example.com/mode": "4"})
+            await until(lambda: _meta(kube_client, node)[0].get("example.com/mode") == "4", "the label written",
+                        timeout=10, interval=0.2)
+            kube_client.patch(Node, node, {"metadata": {"labels": {"example.com/mode": "tampered"}}},
+                              patch_type=PatchType.MERGE)
+            await until(lambda: _meta(kube_client, node)[0].get("example.com/mode") == "4", "the label put back",
+                        timeout=5, interval=0.2)
+            assert gets == 1, "only the watch's first read"
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 5)
+            await client.close()
 
     asyncio.run(scenario())
