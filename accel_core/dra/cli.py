@@ -68,8 +68,6 @@ from accel_core.dra.profile import UNHEALTHY_TAINT_EFFECTS, DraProfile, tainted
 from accel_core.dra.publisher import SlicePublisher, build_slices
 from accel_core.dra.sockets import instance_lock_path
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER
-from accel_core.dra.webhookserver import TlsFileError, WebhookServer
-from accel_core.dra.webhookserver import server_context as webhook_tls
 from accel_core.instancelock import InstanceConflict, InstanceLock
 from accel_core.kubeconfig import KubeconfigError, load_kubeconfig
 from accel_core.kubeconfig import setting as kubeconfig_setting
@@ -330,6 +328,10 @@ class DriverCli:
         return run_daemon(main, self.prog, serves_grpc=True)
 
     def _webhook(self, args: argparse.Namespace) -> int:
+        # aiohttp (0.12 s of imports) loads for this command only, not at every driver start
+        from accel_core.dra.webhookserver import TlsFileError, WebhookServer
+        from accel_core.dra.webhookserver import server_context as webhook_tls
+
         setup_logging(args.log_level, args.log_format)
         missing = [flag for flag, value in (("--tls-cert-file", args.tls_cert_file),
                                             ("--tls-key-file", args.tls_key_file)) if value is None]

@@ -30,6 +30,15 @@ def test_cli_modules_load_nothing_the_first_register_does_not_need() -> None:
     assert json.loads(out.stdout) == []
 
 
+def test_dra_driver_clis_leave_the_webhook_and_explain_servers_to_their_commands() -> None:
+    """``serve`` never needs the admission webhook's HTTP server (aiohttp, about a third of the import time of a
+    driver start) nor the explain command's CEL evaluator: they load with their own commands."""
+    code = ("import sys, json, efa_plugin.dra.cli, neuron_dra.dra.cli; "
+            "print(json.dumps([m for m in ('aiohttp', 'accel_core.dra.webhookserver', 'cel') if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout) == []
+
+
 def test_neuron_registers_both_then_sends_the_full_lists(short_tmp: Path) -> None:
     async def scenario() -> tuple[int, int]:
         fake = copy_host(short_tmp / "host", "trn2.48xlarge")
