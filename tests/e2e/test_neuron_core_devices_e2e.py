@@ -30,12 +30,14 @@ from accel_rig.controlplane import ControlPlane
 from conftest import REPO_ROOT, Daemon, RealNode
 from dra_support import NEURON, DriverProcess, chart_objects, pod_bound_kubeconfig
 from dra_support import wait_published as supported_wait_published
-from kube_helpers import cdi_edits, create_pod, pod_gone, pod_phase
+from kube_helpers import allocatable, cdi_edits, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 
 from accel_core.fakehost import build_host
+from accel_core.podresources import PodResourcesClient
+from neuron_dra import NEURON_RESOURCE, NEURONCORE_RESOURCE
 from neuron_dra.dra.cores import CHIP_CLASS_SELECTOR, CORE_CLASS_SELECTOR
 
 Wait = Callable[..., Any]
@@ -285,3 +287,63 @@ def test_ultraserver_node_device_and_cores_exclude_each_other(control_plane: Con
             driver.stop()
             with contextlib.suppress(ApiError):
                 kube_client.delete(Pod, f"neuron-driver-{node}"[:63], namespace=NEURON.namespace, grace_period=0)
+
+
+def test_device_plugin_core_pods_and_core_devices_hand_over_one_node(kubelet_node: MakeNode, daemon: StartDaemon,
+                                                                     kube_client: Client, classes: None,
+                                                                     namespace: str, wait: Wait) -> None:
+    """Coexistence with core devices on (a node moving from the device plugin to DRA): a device-plugin pod holding
+    ``aws.amazon.com/neuroncore: 2`` keeps running; the DRA driver leaves out exactly the chip of those cores and the
+    two cores as devices (the chip's other cores stay free), the device plugin stands down, an unchanged
+    ``neuroncore: 2`` pod spec lands through DRA on other cores, and the held ones come back once their pod ends.
+    Facts: at LNC 2 a Trainium2 chip has 4 logical cores, and ``aws.amazon.com/neuroncore`` ID ``g`` is core
+    ``g % 4`` of chip ``g // 4`` (neuron.md)."""
+    node = kubelet_node("trn2.48xlarge")
+    daemon("neuron-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    both = lambda: (allocatable(kube_client, node.name, NEURON_RESOURCE),  # noqa: E731
+                    allocatable(kube_client, node.name, NEURONCORE_RESOURCE))
+    wait(lambda: both() == (CHIPS, CORES), "the device plugin serving 16 / 64", timeout=60)
+    create_pod(kube_client, namespace, "dp", node.name, limits={NEURONCORE_RESOURCE: "2"})
+    wait(lambda: pod_phase(kube_client, namespace, "dp") == "Running", "dp Running", timeout=90)
+    held = [int(i) for i in pod_devices(node, "dp", NEURONCORE_RESOURCE)]
+    assert len(held) == 2, held
+    held_names = {f"neuron-device-{g // 4}-core-{g % 4}" for g in held} | {f"neuron-device-{g // 4}" for g in held}
+
+    driver = daemon("neuron-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1",
+                    "--rescan-interval", "1", env=node.env(POD_UID="handover-pod", CORE_DEVICES="on"))
+    every = {f"neuron-device-{c}" for c in range(CHIPS)} | {
+        f"neuron-device-{c}-core-{k}" for c in range(CHIPS) for k in range(CORES // CHIPS)}
+
+    def published() -> set[str]:
+        return {d.name for s in kube_client.list(ResourceSlice, fields={"spec.nodeName": node.name,
+                                                                         "spec.driver": DRIVER})
+                for d in s.spec.devices or []}
+
+    wait(lambda: published() == every - held_names and both() == (0, 0),
+         "DRA serving without dp's chip and cores; the device plugin stood down", timeout=90)
+    assert pod_phase(kube_client, namespace, "dp") == "Running"
+    wait(lambda: "kubelet registered the DRA plugin" in driver.tail(200), "the kubelet's registration", timeout=30)
+
+    create_pod(kube_client, namespace, "dra", node.name, limits={NEURONCORE_RESOURCE: "2"})
+    wait(lambda: pod_phase(kube_client, namespace, "dra") == "Running", "the unchanged pod spec Running through DRA",
+         timeout=120)
+    got = allocated(kube_client, namespace, "dra")
+    assert len(got) == 2 and all("-core-" in d for d in got) and not set(got) & held_names, (got, held_names)
+    assert set(pod_devices(node, "dra", None)) == set(got), "the kubelet's PodResources: the claim's devices"
+
+    delete(kube_client, namespace, "dp", wait)
+    wait(lambda: published() == every, "dp's chip and cores published again", timeout=20)
+
+
+def pod_devices(node: RealNode, pod: str, resource: str | None) -> list[str]:
+    """What the kubelet's PodResources says ``pod`` holds: the device plugin's IDs of ``resource``, or (None) its DRA
+    claims' device names."""
+    client = PodResourcesClient(node.kubelet.layout.kubelet_root / "pod-resources" / "kubelet.sock")
+    try:
+        response = client.list()
+    finally:
+        client.close()
+    [entry] = [p for p in response.pod_resources if p.name == pod]
+    if resource is None:
+        return [r.device_name for c in entry.containers for dyn in c.dynamic_resources for r in dyn.claim_resources]
+    return [i for c in entry.containers for d in c.devices if d.resource_name == resource for i in d.device_ids]
