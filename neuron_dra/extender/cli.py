@@ -23,11 +23,11 @@ from accel_core.logs import kv, setup_logging
 from accel_core.metrics_http import serve_metrics
 from neuron_dra.accelerator import EXTENDER
 from neuron_dra.extender.decide import Decider, explain
-from neuron_dra.extender.podspec import BadInput, pod_info
+from neuron_dra.extender.podspec import BadInput, device_plugin_away, pod_info
 from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PER_NAMESPACE, MAX_PODS
 from neuron_dra.extender.service import ExtenderService, serve
 from neuron_dra.extender.tls import FollowedTls, TlsConfigError
-from neuron_dra.usage_annotation import USAGE_ANNOTATION
+from neuron_dra.usage_annotation import NEURON, NEURONCORE, USAGE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,8 @@ def _explain(args: argparse.Namespace) -> int:
                     decider.pod_seen(pod_info(other.to_dict()))
                 except BadInput:
                     continue
-            verdict = decider.verdict(pod, args.node, annotations.get(USAGE_ANNOTATION))
+            verdict = decider.verdict(pod, args.node, annotations.get(USAGE_ANNOTATION),
+                                      away=device_plugin_away(node.to_dict(), (NEURON, NEURONCORE)))
             print(explain(pod, args.node, verdict))
             return 0 if verdict.fits else 1
         finally:

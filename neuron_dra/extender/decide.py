@@ -10,8 +10,10 @@ adds only what the node cannot have reported yet, and keeps nothing that could g
 
 Both are placed with the device plugin's own policy, in creation order, before the pod in question. A node without
 an annotation (device plugin not publishing yet) passes with the lowest score: a restart or a reinstall of either
-side never blocks scheduling. IDs of a deleted pod count as free only once the node reports them free: until then
-the kubelet would not hand them out either.
+side never blocks scheduling. So does a node whose allocatable offers neither resource: no device plugin serves it
+(a node moved to the DRA driver keeps its plugin's last annotation, which no longer says anything), and the
+scheduler's own checks (resource fit, or DRA's extended-resource allocation) decide. IDs of a deleted pod count
+as free only once the node reports them free: until then the kubelet would not hand them out either.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from typing import Any
 
 from accel_core.logs import kv
 from neuron_dra.extender.placement import MAX_SCORE, NodeState, Placement, place, score
-from neuron_dra.extender.podspec import BadInput, PodInfo, node_name_and_annotation, pod_info
+from neuron_dra.extender.podspec import BadInput, PodInfo, device_plugin_away, node_name_and_annotation, pod_info
 from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PODS, Reservation, ReservationBook
-from neuron_dra.usage_annotation import USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
+from neuron_dra.usage_annotation import NEURON, NEURONCORE, USAGE_ANNOTATION, DeviceUsage, UsageFormatError, parse_usage
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class Verdict:
     detail: str = ""
     placement: Placement | None = None
     added: tuple[str, ...] = ()  # pods counted on top of the annotation
+    away: bool = False  # no device plugin serves the node (its allocatable offers neither resource)
 
 
 class Decider:
@@ -114,8 +117,14 @@ class Decider:
         return hit
 
     # -- decisions --------------------------------------------------------------------------------------------------
-    def verdict(self, pod: PodInfo, node: str, annotation: str | None, reserved: Sequence[PodInfo] = ()) -> Verdict:
-        """``pod`` on ``node``, counting bound pods the annotation lacks and ``reserved`` (pods reserved there)."""
+    def verdict(self, pod: PodInfo, node: str, annotation: str | None, reserved: Sequence[PodInfo] = (),
+                *, away: bool = False) -> Verdict:
+        """``pod`` on ``node``, counting bound pods the annotation lacks and ``reserved`` (pods reserved there);
+        ``away``: no device plugin serves the node (see the module docstring)."""
+        if away:
+            return Verdict(node, True, 0, "", f"node {node} offers neither {NEURON} nor {NEURONCORE} through a "
+                           "device plugin (DRA-served, or the plugin is away): the scheduler's own checks decide",
+                           away=True)
         usage = self.usage(node, annotation)
         if isinstance(usage, str):
             return Verdict(node, True, 0, "", usage)
@@ -162,7 +171,9 @@ class Decider:
         listed = [(raw, *node_name_and_annotation(raw, i, USAGE_ANNOTATION))
                   for i, raw in enumerate(nodes.get("items") or [])]
         reserved = reserved_by_node(reservations, {name for _, name, _ in listed}, pod.uid)
-        return pod, [(raw, self.verdict(pod, name, value, reserved.get(name, ()))) for raw, name, value in listed]
+        return pod, [(raw, self.verdict(pod, name, value, reserved.get(name, ()),
+                                        away=device_plugin_away(raw, (NEURON, NEURONCORE))))
+                     for raw, name, value in listed]
 
     def filter(self, args: Any, reservations: Sequence[Reservation]) -> tuple[PodInfo, dict[str, Any],
                                                                               list[Verdict]]:

@@ -45,7 +45,9 @@ class ExtenderMetrics:
         self.latency = Histogram("neuron_scheduler_extender_request_seconds", "Time to answer a verb", ["verb"],
                                  buckets=BUCKETS, registry=registry)
         self.nodes = Counter("neuron_scheduler_extender_node_verdicts_total",
-                             "Filter verdicts per node: fits, no_connected_set, unpublished (no usable annotation)",
+                             "Filter verdicts per node: fits, no_connected_set, unpublished (no usable annotation), "
+                             "no_device_plugin (its allocatable offers neither resource: DRA-served, or the plugin "
+                             "is away)",
                              ["verdict"], registry=registry)
         self.bound = Gauge("neuron_scheduler_extender_bound_pods",
                            "Bound pods with Neuron requests the pod watch knows", registry=registry)
@@ -166,7 +168,7 @@ class ExtenderService:
 
     def _count(self, verdicts: list[Verdict]) -> None:
         for v in verdicts:
-            self.metrics.nodes.labels("unpublished" if v.fits and v.placement is None
+            self.metrics.nodes.labels("no_device_plugin" if v.away else "unpublished" if v.fits and v.placement is None
                                       else "fits" if v.fits else "no_connected_set").inc()
 
     # -- pod watches ---------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from conftest import Daemon, RealNode, console_script
 from kube_helpers import NEURON, NEURONCORE, allocatable, create_pod, pod_gone, pod_phase
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.resource_v1 import DeviceClass, ResourceSlice
 
 Wait = Callable[..., Any]
 USAGE = "neuron.amazonaws.com/device-usage"
@@ -388,3 +389,57 @@ def test_extender_places_only_connected_sets_with_the_real_scheduler(
     wait(lambda: running(kube_client, namespace, other), f"{other} Running once a second row is free", timeout=120)
     assert node_of(kube_client, namespace, other) == node2.name
     assert devices_of(node2, namespace, other) == ROWS[row2]
+
+
+def test_my_scheduler_places_device_plugin_pod_specs_on_a_node_moved_to_dra(
+        kubelet_node: Callable[..., RealNode], daemon: Callable[..., Daemon], kube_client: Client,
+        control_plane: ControlPlane, my_scheduler: Callable[[int], None], namespace: str, wait: Wait,
+        tls: ChartTls) -> None:
+    """A node moved from the device plugin to the DRA driver (docs/charts.md, node by node) keeps the plugin's last
+    device-usage annotation, which no longer changes: here 12 devices in use by a pod that has since ended. Its
+    allocatable offers no aws.amazon.com/neuron, so the extender leaves it to the scheduler's own checks, and an
+    unchanged ``neuron: 8`` pod of my-scheduler lands on it through DRA's extended resource."""
+    rendered = template(find_or_build_helm(), NEURON_CHART, "--set", "draDriver.enabled=true",
+                        "--set", "devicePlugin.enabled=false", "--set", "draDriver.extendedResource=true")
+    device_class = rendered.get("DeviceClass", "neuron.aws.com")
+    assert device_class["spec"]["extendedResourceName"] == NEURON
+    with contextlib.suppress(ApiError):
+        kube_client.delete(DeviceClass, "neuron.aws.com")
+    kube_client.create(DeviceClass.from_dict(device_class))  # type: ignore[call-overload]
+    trn2 = kubelet_node("trn2.48xlarge")
+    plugin = daemon("neuron-device-plugin", "serve", "--metrics-port", "0", "--pod-resources-interval", "0.5",
+                    env=trn2.env())
+    wait(lambda: allocatable(kube_client, trn2.name, NEURON) == 16, "neuron 16 from the device plugin", timeout=90)
+    create_pod(kube_client, namespace, "old", trn2.name, limits={NEURON: "12"})
+    wait(lambda: running(kube_client, namespace, "old"), "the device-plugin pod Running", timeout=120)
+    wait(lambda: len((usage_of(kube_client, trn2.name) or {}).get("neuron", [])) == 12,
+         "the annotation: 12 devices in use", timeout=60)
+
+    # The migration label removes the device plugin's pod from the node, and the DRA driver's pod starts there.
+    plugin.stop()
+    daemon("neuron-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1", "--rescan-interval", "1",
+           env=trn2.env(POD_UID="moved-pod"))
+
+    def published() -> int:
+        return sum(len(s.spec.devices or []) for s in kube_client.list(
+            ResourceSlice, fields={"spec.nodeName": trn2.name, "spec.driver": "neuron.aws.com"}))
+
+    wait(lambda: published() == 4 and not allocatable(kube_client, trn2.name, NEURON),
+         "DRA serving the 4 devices the old pod does not hold", timeout=120)
+    delete(kube_client, namespace, "old")
+    wait(lambda: published() == 16, "all 16 published once the old pod is gone", timeout=60)
+    assert len(usage_of(kube_client, trn2.name)["neuron"]) == 12, "the annotation is the plugin's last word"
+
+    port = _free_port()
+    daemon("neuron-scheduler-extender", "serve", "--port", str(port), "--metrics-port", "0",
+           env={"KUBECONFIG": str(control_plane.admin_kubeconfig), **tls.extender_env})
+    my_scheduler(port)
+    my_pod(kube_client, namespace, "moved", {NEURON: "8"})
+    wait(lambda: running(kube_client, namespace, "moved"), "my-scheduler's neuron: 8 pod Running through DRA",
+         timeout=120)
+    status = kube_client.get(Pod, "moved", namespace=namespace).to_dict()["status"]
+    assert node_of(kube_client, namespace, "moved") == trn2.name
+    assert status["extendedResourceClaimStatus"]["requestMappings"][0]["resourceName"] == NEURON, status
+    delete(kube_client, namespace, "moved")
+    wait(lambda: pod_gone(kube_client, namespace, "moved"), "moved deleted", timeout=60)
+    kube_client.delete(DeviceClass, "neuron.aws.com")

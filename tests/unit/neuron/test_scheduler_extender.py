@@ -117,6 +117,42 @@ def test_nodes_without_usage_pass_last() -> None:
     assert by_node["unknown"] == 0 and by_node["broken"] == 0 and by_node["fresh"] > 0
 
 
+def with_allocatable(request: dict[str, Any], node: str, allocatable: dict[str, str] | None) -> dict[str, Any]:
+    """``request`` with ``status.allocatable`` on ``node`` (as the scheduler sends whole Nodes)."""
+    for item in request["Nodes"]["items"]:
+        if item["metadata"]["name"] == node:
+            item["status"] = {} if allocatable is None else {"allocatable": allocatable}
+    return request
+
+
+def test_a_node_no_device_plugin_serves_passes_whatever_its_last_annotation_says() -> None:
+    """A node moved to the DRA driver keeps its device plugin's last annotation (all 16 devices in use here), but
+    its allocatable offers neither resource: the extender has nothing to place there and leaves the node to the
+    scheduler's own checks (DRA's extended-resource allocation), with the lowest score and no reservation."""
+    d = Decider()
+    full = usage(set(range(16)))
+    request = args(pod("p", {NEURON: "4"}), {"dra": full, "plugin": full, "unknown": full})
+    with_allocatable(request, "dra", {"cpu": "8", NEURON: "0", NEURONCORE: "0"})
+    with_allocatable(request, "plugin", {"cpu": "8", NEURON: "16", NEURONCORE: "64"})
+    with_allocatable(request, "unknown", None)  # no allocatable listed: judged by the annotation, as before
+    _, answer, verdicts = d.filter(request, [])
+    assert passed(answer) == ["dra"]
+    assert set(answer["failedNodes"]) == {"plugin", "unknown"}
+    [dra] = [v for v in verdicts if v.node == "dra"]
+    assert dra.placement is None and "device plugin" in dra.detail
+    scores, _ = d.prioritize(request, [])
+    assert {s["host"]: s["score"] for s in scores}["dra"] == 0
+
+
+@pytest.mark.parametrize("allocatable", [{NEURON: "16"}, {NEURONCORE: "64"}, {NEURON: "0", NEURONCORE: "2"},
+                                         {NEURON: "1k"}, {NEURON: ["16"]}])
+def test_a_node_offering_either_resource_is_judged_by_its_annotation(allocatable: dict[str, Any]) -> None:
+    d = Decider()
+    request = with_allocatable(args(pod("p", {NEURON: "4"}), {"a": usage(set(range(16)))}), "a", allocatable)
+    _, answer, _ = d.filter(request, [])
+    assert passed(answer) == [], allocatable
+
+
 def test_prioritize_prefers_the_node_a_placement_fragments_least() -> None:
     d = Decider()
     # A one-device pod on an empty node breaks a free row; on a node whose row 0 is already broken it breaks nothing.
