@@ -194,7 +194,7 @@ spec:
 
 {{/* The Node labels and annotations the Neuron daemons (device plugin or DRA driver) keep on their own Node, as
      CEL list literals for own-node-policy.yaml. The daemons' lists: accel_core/awsfacts/ultraserver.py
-     NODE_LABELS (tests/unit/test_charts_render.py checks the two agree). Add a key here when a daemon owns one. */}}
+     NODE_LABELS (tests/unit/neuron/test_charts_render.py checks the two agree). Add a key here when a daemon owns one. */}}
 {{- define "neuron.ownedNodeLabels" -}}
 {{ toJson (list
   "neuron.amazonaws.com/ultraserver-mode"
