@@ -526,7 +526,7 @@ def test_beside_a_device_plugin_the_driver_waits_on_its_node_watch_not_by_pollin
     kube_client.patch(NodeStatus, node, {"status": {"capacity": drained, "allocatable": drained}})
     started = time.monotonic()
     wait_published(kube_client, driver, 16, wait)
-    assert time.monotonic() - started < 5, "the status update took more than 5 s to reach the driver"
+    assert time.monotonic() - started < 10, "the status update took more than 10 s to reach the driver"
     assert _node_gets(control_plane) - before == 1, driver.tail()
     [published] = node_slices(kube_client, node)
     [owner] = published["metadata"]["ownerReferences"]
