@@ -155,7 +155,6 @@ class Presence:
             return None
         from lightkube import ApiError
         from lightkube.resources.apps_v1 import DaemonSet
-        from lightkube.resources.core_v1 import Node
 
         namespace, name = self.daemonset
         try:
@@ -173,7 +172,7 @@ class Presence:
         if ds.metadata is not None and ds.metadata.deletionTimestamp is not None:
             return f"DaemonSet {namespace}/{name} is being deleted"
         try:
-            node = await asyncio.wait_for(self.client.get(Node, self.node), 5)
+            node = await read_node(self.client, self.node)
         except Exception as exc:  # noqa: BLE001
             log.info("cannot read our Node at shutdown; keeping the presence file", extra=kv(error=exc))
             return None

@@ -27,7 +27,7 @@ from neuron_dra.extender.podspec import BadInput, device_plugin_away, pod_info
 from neuron_dra.extender.reservations import MAX_NODE_ENTRIES, MAX_PER_NAMESPACE, MAX_PODS
 from neuron_dra.extender.service import ExtenderService, serve
 from neuron_dra.extender.tls import FollowedTls, TlsConfigError
-from neuron_dra.usage_annotation import NEURON, NEURONCORE, USAGE_ANNOTATION
+from neuron_dra.usage_annotation import USAGE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _explain(args: argparse.Namespace) -> int:
                 except BadInput:
                     continue
             verdict = decider.verdict(pod, args.node, annotations.get(USAGE_ANNOTATION),
-                                      away=device_plugin_away(node.to_dict(), (NEURON, NEURONCORE)))
+                                      away=device_plugin_away(node.to_dict()))
             print(explain(pod, args.node, verdict))
             return 0 if verdict.fits else 1
         finally:

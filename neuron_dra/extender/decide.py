@@ -172,7 +172,7 @@ class Decider:
                   for i, raw in enumerate(nodes.get("items") or [])]
         reserved = reserved_by_node(reservations, {name for _, name, _ in listed}, pod.uid)
         return pod, [(raw, self.verdict(pod, name, value, reserved.get(name, ()),
-                                        away=device_plugin_away(raw, (NEURON, NEURONCORE))))
+                                        away=device_plugin_away(raw)))
                      for raw, name, value in listed]
 
     def filter(self, args: Any, reservations: Sequence[Reservation]) -> tuple[PodInfo, dict[str, Any],

@@ -113,12 +113,12 @@ def node_name_and_annotation(node: Any, index: int, key: str) -> tuple[str, str 
     return name, value if isinstance(value, str) else None
 
 
-def device_plugin_away(node: Any, resources: tuple[str, ...]) -> bool:
-    """True when the Node's ``status.allocatable`` is listed and offers none of ``resources`` (each absent or zero):
-    no device plugin serves them there (the node was moved to the DRA driver, or its plugin is away). A Node without
-    a listed allocatable, or with any other value, is not judged away."""
+def device_plugin_away(node: Any) -> bool:
+    """True when the Node's ``status.allocatable`` is listed and offers none of the Neuron resources (each absent or
+    zero): no device plugin serves them there (the node was moved to the DRA driver, or its plugin is away). A Node
+    without a listed allocatable, or with any other value, is not judged away."""
     status = node.get("status") if isinstance(node, dict) else None
     allocatable = status.get("allocatable") if isinstance(status, dict) else None
     if not isinstance(allocatable, dict):
         return False
-    return all(allocatable.get(r) in (None, "0", 0) for r in resources)
+    return all(allocatable.get(r) in (None, "0", 0) for r in RESOURCES)

@@ -87,13 +87,16 @@ def ready_node(kubelet_node: MakeNode, daemon: StartDaemon, client: Client, wait
     driver = daemon("neuron-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1",
                     "--rescan-interval", "1", env=node.env(POD_UID="cores-pod", CORE_DEVICES="on"))
 
-    def published() -> int:
-        return sum(len(s.spec.devices or []) for s in client.list(
-            ResourceSlice, fields={"spec.nodeName": node.name, "spec.driver": DRIVER}))
-
-    wait(lambda: published() == CHIPS + CORES, f"{CHIPS} chips and {CORES} cores published", timeout=60)
+    wait(lambda: len(published(client, node.name)) == CHIPS + CORES, f"{CHIPS} chips and {CORES} cores published",
+         timeout=60)
     wait(lambda: "kubelet registered the DRA plugin" in driver.tail(200), "the kubelet's registration", timeout=30)
     return node
+
+
+def published(client: Client, node: str) -> set[str]:
+    """The names of the devices the driver publishes for ``node``."""
+    return {d.name for s in client.list(ResourceSlice, fields={"spec.nodeName": node, "spec.driver": DRIVER})
+            for d in s.spec.devices or []}
 
 
 def run(client: Client, namespace: str, pod: str, node: RealNode, tmpl: str, wait: Wait) -> None:
@@ -224,11 +227,7 @@ def test_a_node_pool_opts_in_by_its_node_label(kubelet_node: MakeNode, daemon: S
     driver = daemon("neuron-dra-driver", "serve", "--metrics-port", "0", "--healthcheck-port", "-1",
                     "--rescan-interval", "1", env=node.env(POD_UID="label-pod", CORE_DEVICES="node-label"))
 
-    def published() -> int:
-        return sum(len(s.spec.devices or []) for s in kube_client.list(
-            ResourceSlice, fields={"spec.nodeName": node.name, "spec.driver": DRIVER}))
-
-    wait(lambda: published() == CHIPS, "the chips alone on an unlabelled node", timeout=60)
+    wait(lambda: len(published(kube_client, node.name)) == CHIPS, "the chips alone on an unlabelled node", timeout=60)
     wait(lambda: "kubelet registered the DRA plugin" in driver.tail(200), "the kubelet's registration", timeout=30)
     template(kube_client, namespace, "a-core", "neuroncore.aws.com")
     create_pod(kube_client, namespace, "core", node.name, claims=[("neurons", "a-core")])
@@ -238,14 +237,16 @@ def test_a_node_pool_opts_in_by_its_node_label(kubelet_node: MakeNode, daemon: S
         kube_client.patch(Node, node.name, {"metadata": {"labels": {"neuron.aws.com/core-devices": value}}})
 
     label("true")
-    wait(lambda: published() == CHIPS + CORES, "the cores published once the Node is labelled", timeout=30)
+    wait(lambda: len(published(kube_client, node.name)) == CHIPS + CORES,
+         "the cores published once the Node is labelled", timeout=30)
     wait(lambda: pod_phase(kube_client, namespace, "core") == "Running", "core Running", timeout=120)
     [core] = allocated(kube_client, namespace, "core")
     nodes, env = edits(node, namespace, "core")
     chip = int(core.split("-")[2])
     assert nodes == {f"/dev/neuron{chip}"} and env == {"NEURON_RT_VISIBLE_CORES": core.rsplit("-", 1)[1]}
     label(None)
-    wait(lambda: published() == CHIPS, "the cores withdrawn once the label is gone", timeout=30)
+    wait(lambda: len(published(kube_client, node.name)) == CHIPS, "the cores withdrawn once the label is gone",
+         timeout=30)
 
 
 def test_ultraserver_node_device_and_cores_exclude_each_other(control_plane: ControlPlane, kube_client: Client,
@@ -314,12 +315,7 @@ def test_device_plugin_core_pods_and_core_devices_hand_over_one_node(kubelet_nod
     every = {f"neuron-device-{c}" for c in range(CHIPS)} | {
         f"neuron-device-{c}-core-{k}" for c in range(CHIPS) for k in range(CORES // CHIPS)}
 
-    def published() -> set[str]:
-        return {d.name for s in kube_client.list(ResourceSlice, fields={"spec.nodeName": node.name,
-                                                                         "spec.driver": DRIVER})
-                for d in s.spec.devices or []}
-
-    wait(lambda: published() == every - held_names and both() == (0, 0),
+    wait(lambda: published(kube_client, node.name) == every - held_names and both() == (0, 0),
          "DRA serving without dp's chip and cores; the device plugin stood down", timeout=90)
     assert pod_phase(kube_client, namespace, "dp") == "Running"
     wait(lambda: "kubelet registered the DRA plugin" in driver.tail(200), "the kubelet's registration", timeout=30)
@@ -332,7 +328,7 @@ def test_device_plugin_core_pods_and_core_devices_hand_over_one_node(kubelet_nod
     assert set(pod_devices(node, "dra", None)) == set(got), "the kubelet's PodResources: the claim's devices"
 
     delete(kube_client, namespace, "dp", wait)
-    wait(lambda: published() == every, "dp's chip and cores published again", timeout=20)
+    wait(lambda: published(kube_client, node.name) == every, "dp's chip and cores published again", timeout=20)
 
 
 def pod_devices(node: RealNode, pod: str, resource: str | None) -> list[str]:
