@@ -1,6 +1,9 @@
 """The Neuron host scanner (:class:`accel_core.hostscan.HostScanner`), shared by the Neuron device plugin and the
 Neuron DRA driver: discovery with the one Neuron health rule, the devices seen earlier, what to watch and poll, and
 the coexistence guard between ``neuron-devplugin.sock``/``neuroncore-devplugin.sock`` and ``neuron.aws.com``.
+:class:`CoreDevicesScanner` maps the driver's core devices too (``neuron-device-<i>-core-<k>``, published with
+``--core-devices``): the device plugin always uses it, since a claim on a core device may run on its node whatever
+the driver's setting was.
 
 A device seen earlier that vanishes stays in the inventory (``present=False``, unhealthy) with the PCI address,
 PCIe root and NUMA node it had, so what both daemons show of it stays put while it is gone.
@@ -20,9 +23,21 @@ from pathlib import Path
 from accel_core.coexistence import Coexistence
 from accel_core.hostscan import HostScan, SeenDevices
 from accel_core.paths import HostPaths
-from neuron_dra import COEXISTENCE, DEVICE_PREFIX, NEURON_RESOURCE, NEURONCORE_RESOURCE, health_rule
-from neuron_dra.coreids import core_ids
+from neuron_dra import COEXISTENCE, DEVICE_PREFIX, NEURON_RESOURCE, NEURONCORE_RESOURCE, coreids, health_rule
+from neuron_dra.coreids import core_id, core_ids
 from neuron_dra.discovery import CLASS_DIR, LNC_FILE, NeuronDevice, NeuronInventory, discover, refresh_state
+
+#: Core device names: ``neuron-device-<chip>-core-<logical core>`` (:mod:`neuron_dra.dra.cores`).
+CORE_INFIX = "-core-"
+
+
+def core_device_name(chip: int, core: int) -> str:
+    return f"{DEVICE_PREFIX}{chip}{CORE_INFIX}{core}"
+
+
+def logical_cores(dev: NeuronDevice, lnc: int | None) -> int:
+    """The chip's logical cores as core devices: none for a chip whose core count is unknown (0)."""
+    return coreids.logical_cores(dev.core_count, lnc) if dev.core_count > 0 else 0
 
 
 def _restore(dev: NeuronDevice, last: NeuronDevice) -> NeuronDevice:
@@ -89,3 +104,16 @@ class NeuronScanner:
     def health_files(self, paths: HostPaths, inventory: NeuronInventory) -> list[Path]:
         """Each present device's uncorrected-error counter files."""
         return health_rule.health_files(paths, inventory)
+
+
+class CoreDevicesScanner(NeuronScanner):
+    """The Neuron host scanner, with each core device's device-plugin IDs beside its chip's."""
+
+    def device_plugin_ids(self, inventory: NeuronInventory) -> dict[str, tuple[tuple[str, str], ...]]:
+        ids = super().device_plugin_ids(inventory)
+        per = inventory.logical_cores_per_device()
+        for dev in inventory.devices:
+            for k in range(logical_cores(dev, inventory.lnc)):
+                ids[core_device_name(dev.index, k)] = ((NEURON_RESOURCE, str(dev.index)),
+                                                       (NEURONCORE_RESOURCE, str(core_id(dev.index, per, k))))
+        return ids

@@ -22,7 +22,7 @@ from neuron_dra.deviceplugin.health_tracker import HealthTracker
 from neuron_dra.deviceplugin.inuse import NEURON, NEURONCORE, UsageTracker
 from neuron_dra.discovery import NeuronInventory
 from neuron_dra.edits import CoreNumbering
-from neuron_dra.scanner import NeuronScanner
+from neuron_dra.scanner import CoreDevicesScanner
 from neuron_dra.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ class NeuronNode:
     ) -> None:
         self.paths = paths
         self.numbering: CoreNumbering = numbering
-        self.scanner = NeuronScanner(full_rescan_interval=full_rescan_interval, clock=clock)
+        # core-aware: a DRA claim on a core device keeps its chip and core from being advertised
+        self.scanner = CoreDevicesScanner(full_rescan_interval=full_rescan_interval, clock=clock)
         self.health = HealthTracker()
         self.usage = UsageTracker(grace=grace, clock=clock)
         self.inventory = EMPTY_INVENTORY

@@ -30,14 +30,12 @@ from dataclasses import replace
 
 from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice
 from accel_core.hostfiles import parse_index
-from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME, NEURON_RESOURCE, NEURONCORE_RESOURCE, coreids
-from neuron_dra.coreids import core_id
+from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra.attributes import device_attributes, device_name
-from neuron_dra.scanner import NeuronScanner
+from neuron_dra.scanner import CORE_INFIX, core_device_name, logical_cores
 
 RESOURCE_TYPE = "neuron_core"
-CORE_INFIX = "-core-"
 #: ``--core-devices node-label``: core devices only on Nodes labelled ``neuron.aws.com/core-devices=true`` (a node
 #: pool opts in), through the driver's Node watch (:mod:`accel_core.dra.nodelabels`), which also gives every device
 #: of such a node the attribute ``coreDevices`` = ``true``.
@@ -53,10 +51,6 @@ CHIP_CLASS_SELECTOR = (f'device.driver == "{DRA_DRIVER_NAME}" && '
                        f'device.attributes["{DRA_DRIVER_NAME}"].resourceType != "{RESOURCE_TYPE}"')
 #: ``neuron.aws.com`` while core devices are off (every device of the driver).
 PLAIN_CLASS_SELECTOR = f'device.driver == "{DRA_DRIVER_NAME}"'
-
-
-def core_device_name(chip: int, core: int) -> str:
-    return f"{device_name(chip)}{CORE_INFIX}{core}"
 
 
 def parse_core_device(name: str) -> tuple[int, int] | None:
@@ -89,11 +83,6 @@ def physical_cores(lnc: int | None, core: int) -> range:
     """The physical cores of logical core ``core`` at ``lnc`` (None: no LNC, logical = physical)."""
     width = lnc or 1
     return range(core * width, (core + 1) * width)
-
-
-def logical_cores(dev: NeuronDevice, lnc: int | None) -> int:
-    """The chip's logical cores as core devices: none for a chip whose core count is unknown (0)."""
-    return coreids.logical_cores(dev.core_count, lnc) if dev.core_count > 0 else 0
 
 
 def _consumes(chip: int, cores: Sequence[int] | range) -> dict[str, dict[str, int]]:
@@ -137,16 +126,3 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
                                      consumes=_consumes(dev.index, physical_cores(inv.lnc, k)),
                                      node_label_gate=gate))
     return out_chips + cores, counters
-
-
-class CoreDevicesScanner(NeuronScanner):
-    """The Neuron host scanner, with each core device's device-plugin IDs beside its chip's."""
-
-    def device_plugin_ids(self, inventory: NeuronInventory) -> dict[str, tuple[tuple[str, str], ...]]:
-        ids = super().device_plugin_ids(inventory)
-        per = inventory.logical_cores_per_device()
-        for dev in inventory.devices:
-            for k in range(logical_cores(dev, inventory.lnc)):
-                ids[core_device_name(dev.index, k)] = ((NEURON_RESOURCE, str(dev.index)),
-                                                       (NEURONCORE_RESOURCE, str(core_id(dev.index, per, k))))
-        return ids

@@ -39,7 +39,7 @@ from neuron_dra.dra.attributes import NODE_LABEL_ATTRIBUTES, device_index, devic
 from neuron_dra.dra.config import NeuronConfig, decode_parameters
 from neuron_dra.edits import CoreNumbering, device_node, format_core_list, runtime_env
 from neuron_dra.facts import ultraserver as us_facts
-from neuron_dra.scanner import NeuronScanner
+from neuron_dra.scanner import CoreDevicesScanner, NeuronScanner, logical_cores
 
 
 class NeuronProfile:
@@ -60,7 +60,7 @@ class NeuronProfile:
         self.label_attributes = ({**NODE_LABEL_ATTRIBUTES, cores.NODE_LABEL: cores.GATE_ATTRIBUTE}
                                  if self.core_gate else NODE_LABEL_ATTRIBUTES)
         if scanner is None:
-            scanner = cores.CoreDevicesScanner() if self.core_devices else NeuronScanner()
+            scanner = CoreDevicesScanner() if self.core_devices else NeuronScanner()
         self.scanner = scanner
         self.core_numbering: CoreNumbering = core_numbering
 
@@ -133,7 +133,7 @@ class NeuronProfile:
             if core is None:
                 whole.add(index)
             else:
-                count = cores.logical_cores(dev, inventory.lnc)
+                count = logical_cores(dev, inventory.lnc)
                 if core[1] >= count:
                     raise ClaimError(f"device {name} (request {request}) is not a NeuronCore of this node: "
                                      f"{device_name(index)} has {count} logical cores")

@@ -28,6 +28,7 @@ from accel_core.dra.slicemodel import CounterSet, SliceDevice, SliceValidationEr
 from accel_core.dra.types import ClaimError
 from accel_core.hostscan import held_device_plugin_ids, held_dra_devices
 from accel_core.paths import HostPaths
+from neuron_dra.deviceplugin.node import NeuronNode
 from neuron_dra.discovery import NeuronInventory
 from neuron_dra.dra import cli as dra_cli
 from neuron_dra.dra import cores
@@ -225,6 +226,20 @@ def test_device_plugin_holds_reach_core_devices_and_the_other_way() -> None:
                                                                        "aws.amazon.com/neuroncore": {"13"}}
     off = NeuronProfile()
     assert set(off.scanner.device_plugin_ids(inv)) == {f"neuron-device-{i}" for i in range(16)}
+
+
+def test_the_device_plugin_withholds_the_chip_and_core_of_a_claim_on_a_core_device() -> None:
+    """On a node handed back to the device plugin (a rollback), a running pod's claim on ``neuron-device-3-core-1``
+    keeps chip 3 (``aws.amazon.com/neuron`` 3) and its core (``aws.amazon.com/neuroncore`` 13 = 3 * 4 + 1 at LNC 2)
+    from being advertised, as for a claim on the whole chip; the plugin knows the names whatever the driver's
+    setting was."""
+    node = NeuronNode(HostPaths(host_root=shared_host("trn2.48xlarge").root))
+    node.rediscover()
+    ids = node.scanner.device_plugin_ids(node.inventory)
+    assert held_device_plugin_ids(ids, ["neuron-device-3-core-1"]) == {"aws.amazon.com/neuron": {"3"},
+                                                                       "aws.amazon.com/neuroncore": {"13"}}
+    assert held_device_plugin_ids(ids, ["neuron-device-5"]) == {
+        "aws.amazon.com/neuron": {"5"}, "aws.amazon.com/neuroncore": {str(c) for c in range(20, 24)}}
 
 
 def test_a_sick_chip_makes_its_cores_sick_and_they_get_its_taint(tmp_path: Path) -> None:
