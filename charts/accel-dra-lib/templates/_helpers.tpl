@@ -93,12 +93,16 @@ nodeAffinity:
 
 {{/* Host path values a chart mounts, checked before anything renders. Call with (dict "paths" (dict NAME VALUE ...)
      "fakeHost" .Values.fakeHost.path "kubelet" KUBELET_ROOT "devicePlugins" DIR "cdi" DIR).
-     - No "." or ".." segment and no "//" in any of them: a host path names its directory itself.
+     - Only letters, digits and . _ / @ + - in any of them (the manifests carry them unquoted), no "." or ".."
+       segment and no "//": a host path names its directory itself.
      - fakeHost.path is a tree the root daemons read as their host: never "/", never a directory that holds a system
        or kubelet directory (/var, /var/lib, the kubelet root...), never inside one the node keeps secrets or devices
        in (/etc, /proc, /sys, /dev, /boot, /run, the kubelet root with its PKI, the device-plugins or CDI directory). */}}
 {{- define "accel-dra.checkHostPaths" -}}
 {{- range $name, $value := .paths -}}
+{{- if and $value (regexMatch "[^A-Za-z0-9._/@+-]" $value) -}}
+{{- fail (printf "%s=%q: a host path may hold only letters, digits and . _ / @ + - (it is written into the manifests as it is: a space, '#' or ':' would change what they mount)" $name $value) -}}
+{{- end -}}
 {{- if and $value (regexMatch "(^|/)\\.\\.?(/|$)" $value) -}}
 {{- fail (printf "%s=%s: '.' and '..' segments are not allowed in a host path; give the directory itself" $name $value) -}}
 {{- end -}}

@@ -890,6 +890,10 @@ HOSTILE_PATHS = [
     (("kubeletRootDir", "/var/lib/../lib/kubelet"), "'..'"),
     (("devicePluginsDir", "/var/lib/kubelet/device-plugins/.."), "'..'"),
     (("draDriver.cdiRootDir", "/var/run//cdi"), "'//'"),
+    # YAML reads " #" as a comment: the check must see the path the manifest ends up with, not the raw string
+    (("fakeHost.path", "/var/lib/kubelet #"), "only letters"),
+    (("kubeletRootDir", "/var/lib/kubelet #x"), "only letters"),
+    (("fakeHost.path", "/srv/h: x"), "only letters"),
 ]
 
 
