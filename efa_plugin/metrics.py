@@ -26,6 +26,7 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from accel_core.health import HEALTHY
 from accel_core.hostfiles import HostValueError, parse_index, parse_int, printable, read_attr
 from accel_core.logs import kv
 from accel_core.podresources import PodResourcesClient, PodResourcesUnavailable
@@ -77,7 +78,8 @@ class EfaMetrics:
         self._read_errors: dict[str, int] = {}
 
     def __call__(self) -> Iterable[Metric]:
-        devices = self._policy.inventory.devices
+        inventory, health = self._policy.snapshot()
+        devices = inventory.devices
         counts = dict(self._policy.allocation_counts)
         allocated = self._allocated() if self._allocated is not None else None
 
@@ -97,7 +99,7 @@ class EfaMetrics:
         for dev in devices:
             labels = base_labels(dev)
             info.add_metric([*labels, dev.uverbs, dev.pcie_root or ""], 1)
-            healthy.add_metric(labels, 1 if self._policy.health(dev.id).healthy else 0)
+            healthy.add_metric(labels, 1 if health.get(dev.id, HEALTHY).healthy else 0)
             handed.add_metric(labels, counts.get(dev.id, 0))
             if allocated is not None:
                 in_use.add_metric(labels, 1 if dev.id in allocated else 0)

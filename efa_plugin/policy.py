@@ -42,9 +42,8 @@ class EfaPolicy(DevicePluginProfile[EfaInventory]):
         self.paths = paths
         self.scanner = scanner if scanner is not None else EfaScanner(discover_fn)
         self.policies = (self,)
-        self._inventory = EfaInventory()
-        self._health: Mapping[str, DeviceHealth] = {}
-        self._topology = Topology(())
+        #: inventory, health by device ID and topology, replaced together (a metrics scrape reads them in its thread)
+        self._state: tuple[EfaInventory, Mapping[str, DeviceHealth], Topology] = (EfaInventory(), {}, Topology(()))
         self._problems = ProblemLog(log, "EFA device unhealthy", "EFA problem cleared",
                                     appeared_without_subject="EFA entry skipped")
         self._announced_empty = False
@@ -54,21 +53,25 @@ class EfaPolicy(DevicePluginProfile[EfaInventory]):
     @property
     def inventory(self) -> EfaInventory:
         """The current inventory, vanished devices included (as Unhealthy)."""
-        return self._inventory
+        return self._state[0]
 
     @property
     def topology(self) -> Topology:
-        return self._topology
+        return self._state[2]
+
+    def snapshot(self) -> tuple[EfaInventory, Mapping[str, DeviceHealth]]:
+        """The inventory and the health by device ID of one scan (for readers in other threads)."""
+        return self._state[0], self._state[1]
 
     def health(self, device_id: str) -> DeviceHealth:
         """The device's health as the latest scan said (the one EFA rule)."""
-        return self._health.get(device_id, HEALTHY)
+        return self._state[1].get(device_id, HEALTHY)
 
     def rediscover(self) -> bool:
         """Scan the host here and take the scan; returns True when the inventory changed (tests, ``ls``)."""
-        before = self._inventory
+        before = self.inventory
         self.update(self.scanner.scan(self.paths))
-        return self._inventory is not before
+        return self.inventory is not before
 
     def update(self, scan: HostScan[EfaInventory]) -> None:
         """Take a host scan: inventory and health; log what changed (once per problem)."""
@@ -79,11 +82,11 @@ class EfaPolicy(DevicePluginProfile[EfaInventory]):
                                                       numa=dev.numa_node, pcie_root=dev.pcie_root,
                                                       port=dev.port_state))
         self._report(inventory)
-        self._health = scan.health
-        if inventory == self._inventory:
-            return
-        self._topology = Topology(inventory.devices)
-        self._inventory = inventory
+        old, _, topology = self._state
+        if inventory == old:
+            self._state = (old, scan.health, topology)
+        else:
+            self._state = (inventory, scan.health, Topology(inventory.devices))
 
     def _report(self, inv: EfaInventory) -> None:
         """One log line per problem when it appears, and one when it clears."""
@@ -97,24 +100,25 @@ class EfaPolicy(DevicePluginProfile[EfaInventory]):
 
     # -- DevicePluginPolicy ---------------------------------------------------------------------------------------
     def devices(self) -> list[AdvertisedDevice]:
-        return [AdvertisedDevice(d.id, self.health(d.id).healthy, d.numa_node) for d in self._inventory.devices]
+        inventory, health, _ = self._state
+        return [AdvertisedDevice(d.id, health.get(d.id, HEALTHY).healthy, d.numa_node) for d in inventory.devices]
 
     def advertise_blocked(self) -> str | None:
         """Nothing is advertised while the EFA DRA driver is registered on this node (it hands out the same EFAs)."""
         return self.scanner.coexistence.device_plugin_blocked(self.paths)
 
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
-        return self._topology.preferred(available, must_include, size)
+        return self.topology.preferred(available, must_include, size)
 
     def allocate(self, ids: Sequence[str]) -> ContainerEdits:
         """One rw DeviceSpec per device: its ``/dev/infiniband/uverbsN`` as of the latest host scan."""
-        inv = self._inventory
+        inv, health_of, _ = self._state
         nodes: list[DeviceNode] = []
         for device_id in dict.fromkeys(ids):
             dev = inv.get(device_id)
             if dev is None:
                 raise AllocationError(f"unknown EFA device ID {device_id!r}")
-            health = self.health(device_id)
+            health = health_of.get(device_id, HEALTHY)
             if not health.healthy:
                 raise AllocationError(f"EFA device {device_id!r} ({dev.ibdev}) is unhealthy: {health.message}")
             nodes.append(DeviceNode(dev.device_node, permissions="rw", major=dev.major, minor=dev.minor))
