@@ -54,10 +54,7 @@ class EfaSpec:
         for dev in self.devices:
             if any(not 0 <= g < gpus for g in dev.near_gpus):
                 raise ValueError(f"EFA {dev.ibdev} near_gpus {list(dev.near_gpus)} out of range")
-        ibdevs = [d.ibdev for d in self.devices] + [d.ibdev for d in other_rdma(itype)]
-        dupes = sorted({v for v in ibdevs if ibdevs.count(v) > 1})
-        if dupes:
-            raise ValueError(f"duplicate ibdev name {dupes}")
+        check_ibdevs(itype)
 
 
 @dataclass(frozen=True)
@@ -75,6 +72,17 @@ class OtherRdmaDevice:
 
     def pci_addresses(self) -> list[str]:
         return [self.pci.bdf]
+
+    def check(self, itype: InstanceType) -> None:
+        check_ibdevs(itype)
+
+
+def check_ibdevs(itype: InstanceType) -> None:
+    """No RDMA device name twice, EFA and other RDMA devices together."""
+    ibdevs = [d.ibdev for d in getattr(efa_spec(itype), "devices", ())] + [d.ibdev for d in other_rdma(itype)]
+    dupes = sorted({v for v in ibdevs if ibdevs.count(v) > 1})
+    if dupes:
+        raise ValueError(f"duplicate ibdev name {dupes}")
 
 
 @dataclass(frozen=True)

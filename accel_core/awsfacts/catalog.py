@@ -212,8 +212,8 @@ def _check(itype: InstanceType) -> None:
     dupes = sorted({b for b in bdfs if bdfs.count(b) > 1})
     if dupes:
         raise CatalogError(f"instance type {itype.name}: duplicate PCI address {dupes}")
-    for section in itype.sections.values():
-        check = getattr(section, "check", None)
+    for item in (item for section in itype.sections.values() for item in (section, *_each(section))):
+        check = getattr(item, "check", None)  # a section's, or each item's of a list section
         if check is not None:
             try:
                 check(itype)

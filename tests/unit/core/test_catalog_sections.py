@@ -44,6 +44,21 @@ def test_files_that_disagree_on_a_family_or_repeat_a_section_are_refused(tmp_pat
         catalog.load(a, b)
 
 
+@pytest.mark.parametrize("efa", [False, True], ids=["other-rdma-only", "with-efa"])
+def test_an_rdma_device_name_given_twice_is_refused(tmp_path: Path, efa: bool) -> None:
+    """Two RDMA devices of one host cannot share a name (/sys/class/infiniband/<name>), whichever sections they are
+    in; a list section's items are checked like a section."""
+    rdma = ("      - {ibdev: ibp1, bdf: '0000:73:00.0', root: pci0000:70, numa: 0, vendor: '0x15b3', device: '0x1021', "
+            "driver: mlx5_core, node_type: '1: CA', link_layer: InfiniBand, rate: '400'}\n")
+    other = "    other_rdma:\n" + rdma + rdma.replace("0000:73", "0000:74").replace("ibp1", "efa0" if efa else "ibp1")
+    efa_section = ("    efa:\n      pci_device_id: '0xefa2'\n      rate: '400'\n      devices:\n"
+                   "        - {ibdev: efa0, bdf: '0000:10:00.0', root: pci0000:10, numa: 0}\n") if efa else ""
+    path = tmp_path / "t.yaml"
+    path.write_text("types:\n  z1.big:\n    family: z1\n" + efa_section + other)
+    with pytest.raises(catalog.CatalogError, match=r"z1\.big: duplicate ibdev name \['(efa0|ibp1)'\]"):
+        catalog.load(path)
+
+
 def test_any_yaml_layout_of_a_type_parses(tmp_path: Path) -> None:
     # flow style and odd indentation, which a line-based splitter of the file would have cut wrongly
     flow = tmp_path / "flow.yaml"
