@@ -149,3 +149,23 @@ def _clean_once(directory: Path) -> None:
             return
         _cleaned.add(key)
     clean_stale_temp_files(directory)
+
+
+def create_file(path: Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` (mode 0644); False when it already exists. A failed write removes it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.fchmod(fd, 0o644)  # whatever the umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+    return True

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from accel_core.atomic import atomic_write_text
+from accel_core.atomic import atomic_write_text, create_file
 from accel_core.edits import ContainerEdits
 
 #: The minimum version for what this writer emits: device-node ``hostPath`` and device names that start with a
@@ -52,26 +52,6 @@ def _edits_json(edits: ContainerEdits) -> dict[str, Any]:
         out["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
                           "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]} for m in edits.mounts]
     return out
-
-
-def _create(path: Path, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` (mode 0644); False when it already exists. A failed write removes it."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.fchmod(fd, 0o644)  # whatever the umask
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        raise
-    os.close(fd)
-    return True
 
 
 class CdiSpecWriter:
@@ -147,7 +127,7 @@ class CdiSpecWriter:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             data = text.encode()
-            if not _create(path, data):
+            if not create_file(path, data):
                 atomic_write_text(path, data, mode=0o644, durable=False)
         except OSError as exc:
             raise CdiError(f"cannot write CDI spec {path}: {exc}") from exc

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from accel_core.atomic import atomic_write_text, create_file
 from accel_core.dra.slicemodel import AttributeValue, Version
 from accel_core.edits import Mount
 from accel_core.k8snames import is_label, is_subdomain, shown
@@ -163,17 +164,12 @@ class MetadataFiles:
             except FileNotFoundError:  # the first claim: the root is made once
                 os.makedirs(directory, 0o755, exist_ok=True)
         path = f"{request_dir}/{HOST_FILE}"
-        # Written in place, as the kubelet-plugin helper writes it: no container has it mounted yet (a claim is
-        # written only while it is not recorded as prepared), and a durable copy is not needed (the checkpoint is
-        # the record; a lost or torn file is written again by the next prepare of an unrecorded claim).
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.fchmod(fd, 0o644)
-            data = memoryview(self._encode(self._body(claim, request, devices)))
-            while data:  # a regular file takes it all at once unless the disk is full (then the next write raises)
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
+        # Not synced: the checkpoint is the record, and a lost or torn file is written again by the next prepare of
+        # an unrecorded claim. A file already there (a claim of the same name with another UID, still prepared, or a
+        # retried prepare) is replaced by a new one, never rewritten in place: containers that mount it keep theirs.
+        data = self._encode(self._body(claim, request, devices))
+        if not create_file(Path(path), data):
+            atomic_write_text(Path(path), data, mode=0o644, durable=False)
         return Mount(host_path=path, container_path=self.container_file(claim, request), read_only=True)
 
     def remove(self, namespace: str, name: str) -> None:

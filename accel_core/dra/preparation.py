@@ -571,8 +571,10 @@ class DraDriver:
         gone: a claim that stays prepared keeps the file its spec mounts."""
         if self.metadata is None:
             return
+        # files go by namespace and name: one a claim of another UID (created again under the name) still holds stays
+        held = {(c.namespace, c.name) for c in self.store.claims()}
         for claim in claims:
-            if out.get(claim.uid) is not None or not is_uid(claim.uid):
+            if out.get(claim.uid) is not None or not is_uid(claim.uid) or (claim.namespace, claim.name) in held:
                 continue
             try:
                 self.metadata.remove(claim.namespace, claim.name)

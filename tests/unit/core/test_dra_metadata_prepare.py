@@ -98,3 +98,23 @@ def test_a_claim_whose_unprepare_cannot_be_recorded_keeps_its_file(tmp_path: Pat
     assert Path(str(mount["hostPath"])).exists()
     rig.unprepare_one(ref)
     assert not Path(str(mount["hostPath"])).exists()
+
+
+def test_a_claim_recreated_under_its_name_keeps_its_file_from_the_old_ones_unprepare(tmp_path: Path) -> None:
+    """Files are named by namespace and claim name, entries by UID. A claim force-deleted and created again under the
+    same name (a new UID) while the old one is still prepared: the new one's prepare leaves the old one's containers
+    the file they mount (a new file, not the old one rewritten), and the old one's unprepare leaves the new one's
+    file alone."""
+    rig = DriverRig(host_paths(tmp_path, shared_host("p5.48xlarge").root), EfaProfile(), metadata=True)
+    old = rig.add("fabric", P5_EFAS[:1], uid="0b4a3f33-0bd2-4a5d-9c3f-8a1e25d0a0a1", request="nic")
+    rig.prepare_one(old)
+    (mount,) = spec_mounts(rig, old.uid)
+    path = Path(str(mount["hostPath"]))
+    with path.open() as mounted:  # what the old claim's containers have bind-mounted
+        new = rig.add("fabric", P5_EFAS[1:], uid="0b4a3f33-0bd2-4a5d-9c3f-8a1e25d0a0a2", request="nic")
+        rig.prepare_one(new)
+        assert P5_EFAS[0] in mounted.read(), "the old claim's containers saw the new claim's file"
+    rig.unprepare_one(old)
+    assert [d["name"] for d in first_object(path)["requests"][0]["devices"]] == P5_EFAS[1:]  # type: ignore[index]
+    rig.unprepare_one(new)
+    assert not path.exists()
