@@ -52,6 +52,7 @@ from accel_core.cli import (
     uid,
 )
 from accel_core.daemon import catch_stop_signals, run_daemon
+from accel_core.dra import explain_args
 from accel_core.dra.claimget import PROXY_ENV
 from accel_core.dra.claims import ClaimGet, claim_get_for
 from accel_core.dra.cleanup import DEFAULT_CLEANUP_INTERVAL
@@ -105,8 +106,9 @@ class DriverCli:
     healthcheck_port: int = DEFAULT_HEALTHCHECK_PORT
     """The liveness port's default: each driver's own (its registry declaration), so two drivers on a node
     never collide without a chart."""
-    explain_hints: Any = None
-    """``explain``'s driver-specific lines (:class:`accel_core.dra.explain.ExplainHints`), e.g. connected sizes."""
+    explain_hints: Callable[[], Any] | None = None
+    """Gives ``explain``'s driver-specific lines (:class:`accel_core.dra.explain.ExplainHints`), e.g. connected
+    sizes; called only when ``explain`` runs, so the explainer loads with it."""
 
     def make_profile(self, args: argparse.Namespace) -> DraProfile[Any, Any]:
         return self.profile(**{f.dest: getattr(args, f.dest, f.default) for f in self.flags})
@@ -215,9 +217,7 @@ class DriverCli:
         remove.add_argument("--kubeconfig", default=None)
         add_logging_flags(remove)
 
-        from accel_core.dra import explain_report  # the CEL library is imported only when explain runs
-
-        explain_report.add_arguments(sub.add_parser(
+        explain_args.add_arguments(sub.add_parser(
             "explain", help="say node by node why a pod's claims, a claim or a template cannot be allocated "
                             "(read-only; or which devices would be chosen)"))
         return parser
@@ -227,7 +227,7 @@ class DriverCli:
         if args.command == "explain":
             from accel_core.dra import explain_report
 
-            return explain_report.run(args, self.prog, self.explain_hints)
+            return explain_report.run(args, self.prog, self.explain_hints() if self.explain_hints else None)
         if args.command == "webhook":
             return self._webhook(args)
         if args.command == "handoff":

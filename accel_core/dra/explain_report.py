@@ -8,29 +8,11 @@ import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from accel_core.dra import explain_cel
 from accel_core.dra.explain import Explainer, ExplainHints, NodeVerdict, compact
 from accel_core.dra.explain_source import Inputs, SourceError, from_api, from_files, parse_target
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="?", default=None,
-                        help="pod/NAME, resourceclaim/NAME or resourceclaimtemplate/NAME (offline: optional, picks "
-                             "one from the -f files)")
-    parser.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's, "
-                        "else default)")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: KUBECONFIG, ~/.kube/config, "
-                        "then in-cluster)")
-    parser.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
-    parser.add_argument("-f", "--filename", action="append", type=Path, default=[],
-                        help="offline: a YAML/JSON file with the pod, claim or template, and optionally "
-                             "DeviceClasses and allocated ResourceClaims (repeatable)")
-    parser.add_argument("--slices", action="append", type=Path, default=[],
-                        help="offline: ResourceSlices, e.g. the output of `slices` (repeatable); with -f")
-    parser.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
 
 def explain_inputs(inputs: Inputs, hints: ExplainHints | None = None) -> dict[str, Any]:
@@ -128,10 +110,14 @@ def run(args: argparse.Namespace, prog: str, hints: ExplainHints | None) -> int:
                       "or -f is required", file=sys.stderr)
                 return 2
             inputs = _online(args, *target)
+        result = explain_inputs(inputs, hints)
     except SourceError as exc:
         print(f"{prog} explain: error: {exc}", file=sys.stderr)
         return 1
-    result = explain_inputs(inputs, hints)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # an object not of its kind's shape
+        where = ", ".join(str(p) for p in (*args.filename, *args.slices)) or "the objects the API server returned"
+        print(f"{prog} explain: error: malformed input in {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     if args.output == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:

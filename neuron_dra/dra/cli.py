@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from accel_core.cli import env_choice
 from accel_core.dra.cli import DriverCli
 from neuron_dra import DRA_DRIVER_NAME
 from neuron_dra.accelerator import DRA_DRIVER
 from neuron_dra.dra.cores import MODES, NODE_LABEL
-from neuron_dra.dra.explain_hints import NEURON_EXPLAIN_HINTS
 from neuron_dra.dra.profile import NeuronProfile
 from neuron_dra.runtime_env import CORE_NUMBERING_FLAG
 
@@ -23,10 +23,16 @@ CORE_DEVICES_FLAG = env_choice("--core-devices", "CORE_DEVICES", MODES, "off",
 
 METRICS_PORT = DRA_DRIVER.metrics_port
 
+def _explain_hints() -> Any:
+    from neuron_dra.dra.explain_hints import NEURON_EXPLAIN_HINTS  # the explainer loads with the explain command
+
+    return NEURON_EXPLAIN_HINTS
+
+
 CLI = DriverCli(prog="neuron-dra-driver", description=f"the Neuron DRA kubelet plugin for {DRA_DRIVER_NAME}",
                 metrics_port=METRICS_PORT, healthcheck_port=DRA_DRIVER.health_port or 0,
                 profile=NeuronProfile, flags=(CORE_NUMBERING_FLAG, CORE_DEVICES_FLAG),
-                explain_hints=NEURON_EXPLAIN_HINTS)
+                explain_hints=_explain_hints)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

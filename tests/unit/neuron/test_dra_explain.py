@@ -213,6 +213,28 @@ def test_command_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "no usable kubeconfig: Context 'y' not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("document", [
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"},  # no metadata
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
+     "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "neuron.aws.com",
+                                                                 "count": "1k"}}]}}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
+     "spec": {"devices": {"requests": "all"}}},
+    {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"},
+     "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "neuron.aws.com"}}]}},
+     "status": {"allocation": {"devices": {"results": [{"device": "x"}]}}}},
+])
+def test_a_malformed_input_file_is_one_line_not_a_traceback(trn2: Path, tmp_path: Path, document: dict[str, Any],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(document))
+    code = neuron_cli.main(["explain", "-f", str(path), "--slices", str(trn2)])
+    err = capsys.readouterr().err
+    assert code in (0, 1) and "Traceback" not in err, err
+    if code == 1:
+        assert err.startswith("neuron-dra-driver explain: error: ") and err.count("\n") == 1, err
+
+
 def test_counts_are_of_the_requests_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build_host(tmp_path / "h", "trn2.48xlarge")
     build_host(tmp_path / "p5", "p5.48xlarge")
