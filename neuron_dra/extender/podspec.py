@@ -121,4 +121,5 @@ def device_plugin_away(node: Any) -> bool:
     allocatable = status.get("allocatable") if isinstance(status, dict) else None
     if not isinstance(allocatable, dict):
         return False
-    return all(allocatable.get(r) in (None, "0", 0) for r in RESOURCES)
+    return all(allocatable.get(r) is None or (allocatable[r] in ("0", 0) and not isinstance(allocatable[r], bool))
+               for r in RESOURCES)

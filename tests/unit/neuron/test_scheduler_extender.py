@@ -145,7 +145,7 @@ def test_a_node_no_device_plugin_serves_passes_whatever_its_last_annotation_says
 
 
 @pytest.mark.parametrize("allocatable", [{NEURON: "16"}, {NEURONCORE: "64"}, {NEURON: "0", NEURONCORE: "2"},
-                                         {NEURON: "1k"}, {NEURON: ["16"]}])
+                                         {NEURON: "1k"}, {NEURON: ["16"]}, {NEURON: False, NEURONCORE: False}])
 def test_a_node_offering_either_resource_is_judged_by_its_annotation(allocatable: dict[str, Any]) -> None:
     d = Decider()
     request = with_allocatable(args(pod("p", {NEURON: "4"}), {"a": usage(set(range(16)))}), "a", allocatable)
