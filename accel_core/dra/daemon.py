@@ -164,20 +164,17 @@ class DraService:
         instance_lock: InstanceLock | None = None,
     ) -> None:
         node_name = settings.node_name
-        self.settings = settings
         self.profile = profile
         self.registration_wait = settings.registration_wait
         self.driver_name = profile.driver_name
         self.paths = paths
         self.node_name = node_name
         self.client = client
-        self.healthcheck_port = settings.healthcheck_port
         self.rescan_interval = settings.rescan_interval
         self.health_poll_interval = settings.health_poll_interval
         self.health_refresh_seconds = settings.health_refresh_seconds
         self.cleanup_interval = settings.cleanup_interval
         self.remove_slices_on_exit = settings.remove_slices_on_exit
-        self.taint_effect = settings.taint_effect
         self.taints = UnhealthyTaints(self.driver_name, settings.taint_effect,
                                       noexecute_after=settings.noexecute_after)
         self.dra_version = settings.dra_version or dra_driver_version()

@@ -33,7 +33,7 @@ import msgspec
 from accel_core.atomic import atomic_write_text, create_file
 from accel_core.dra.slicemodel import AttributeValue, Version
 from accel_core.edits import Mount
-from accel_core.k8snames import is_label, is_subdomain, shown
+from accel_core.k8snames import is_label, is_subdomain, object_name_problem
 
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 CLAIMS_SUBDIR = "resourceclaims"
@@ -110,12 +110,10 @@ class MetadataFiles:
 
     def _dir(self, namespace: str, name: str) -> Path:
         """``<namespace>_<name>``, checked first: names from a request never reach a path unchecked."""
-        if not is_label(namespace) or not is_subdomain(name):
-            raise ValueError(f"claim {shown(namespace)}/{shown(name)} is not a valid namespace and name")
+        problem = object_name_problem(namespace, name)
+        if problem:
+            raise ValueError(problem)
         return self.root / f"{namespace}_{name}"
-
-    def host_file(self, claim: ClaimIdentity, request: str) -> Path:
-        return self.claim_dir(claim) / base_request(request) / HOST_FILE
 
     def container_file(self, claim: ClaimIdentity, request: str) -> str:
         leaf = f"{base_request(request)}/{self.driver}{FILE_SUFFIX}"

@@ -610,10 +610,6 @@ class DraDriver:
             self.metrics.device_healthy.labels(name).set(1 if state.healthy else 0)
         return changed
 
-    def health_of(self, device: str) -> DeviceHealth | None:
-        """The device's health as last recorded (None: not a published device)."""
-        return self._health.get(device)
-
     def health(self) -> list[DeviceHealthReport] | None:
         return [DeviceHealthReport(self.node_name, name, state.healthy, state.message, HEALTH_TIMEOUT_SECONDS)
                 for name, state in self._health.items()]

@@ -89,7 +89,8 @@ def build_slices(
     """
     if not devices:
         return []
-    counters = [c for c in counters if any(c.name in d.consumes for d in devices)]  # a set no device consumes: out
+    consumed = {name for d in devices for name in d.consumes}
+    counters = [c for c in counters if c.name in consumed]  # a set no device consumes: out
     limited = any(d.taints or d.consumes for d in devices)
     size = MAX_DEVICES_PER_SLICE_WITH_TAINTS if limited else MAX_DEVICES_PER_SLICE
     parts: list[tuple[list[api.Device] | None, list[api.CounterSet] | None]] = [

@@ -28,9 +28,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from accel_core.awsfacts.neuron_efa import GROUP_SIZES, attribute_name
 from accel_core.dra.slicemodel import AttributeValue, CounterSet, SliceDevice
 from accel_core.hostfiles import parse_index
 from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
+from neuron_dra.coreids import core_ids
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
 from neuron_dra.dra.attributes import device_attributes, device_name
 from neuron_dra.scanner import CORE_INFIX, core_device_name, logical_cores
@@ -79,18 +81,12 @@ def chip_counters(dev: NeuronDevice) -> CounterSet | None:
     return CounterSet(counter_set_name(dev.index), {counter_name(p): 1 for p in range(dev.core_count)})
 
 
-def physical_cores(lnc: int | None, core: int) -> range:
-    """The physical cores of logical core ``core`` at ``lnc`` (None: no LNC, logical = physical)."""
-    width = lnc or 1
-    return range(core * width, (core + 1) * width)
-
-
 def _consumes(chip: int, cores: Sequence[int] | range) -> dict[str, dict[str, int]]:
     return {counter_set_name(chip): {counter_name(p): 1 for p in cores}}
 
 
 #: The chip's attributes a core device carries too (when the chip has them).
-CHIP_ATTRIBUTES = ("deviceId", "instanceType", *(f"resource.aws.com/devicegroup{n}_id" for n in (1, 4, 8, 16)))
+CHIP_ATTRIBUTES = ("deviceId", "instanceType", *(attribute_name(n) for n in GROUP_SIZES))
 
 
 def core_attributes(inv: NeuronInventory, dev: NeuronDevice, core: int, dra_version: str,
@@ -123,6 +119,6 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
         for k in range(logical_cores(dev, inv.lnc)):
             cores.append(SliceDevice(core_device_name(dev.index, k),
                                      core_attributes(inv, dev, k, dra_version, chip.attributes),
-                                     consumes=_consumes(dev.index, physical_cores(inv.lnc, k)),
+                                     consumes=_consumes(dev.index, core_ids(k, inv.lnc or 1)),  # its physical cores
                                      node_label_gate=gate))
     return out_chips + cores, counters

@@ -137,7 +137,7 @@ class NeuronProfile:
                 if core[1] >= count:
                     raise ClaimError(f"device {name} (request {request}) is not a NeuronCore of this node: "
                                      f"{device_name(index)} has {count} logical cores")
-                parts.setdefault(index, set()).update(cores.physical_cores(inventory.lnc, core[1]))
+                parts.setdefault(index, set()).update(coreids.core_ids(core[1], inventory.lnc or 1))
             chip_of[name] = index
         lnc = config.logical_neuron_core
         if lnc is not None and not inventory.lnc_applies:
@@ -210,7 +210,7 @@ def core_status(dev: NeuronDevice, core: int, node_lnc: int | None, lnc: int | N
     for it (its physical cores at the LNC in effect, numbered as :func:`device_status` numbers them)."""
     width, chip = lnc or 1, place if numbering == "container" else dev.index
     per_device = coreids.logical_cores(dev.core_count, lnc)
-    local = sorted({p // width for p in cores.physical_cores(node_lnc, core)})
+    local = sorted({p // width for p in coreids.core_ids(core, node_lnc or 1)})
     data: dict[str, object] = {"index": dev.index, "coreIndex": core,
                                "visibleCores": format_core_list(coreids.core_id(chip, per_device, c) for c in local)}
     if lnc is not None:
