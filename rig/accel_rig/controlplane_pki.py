@@ -4,7 +4,6 @@ kubeconfig files (certificates made with ``cryptography``, see ``certs``)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from accel_core.atomic import atomic_write_text
 from accel_rig import certs
 from accel_rig.controlplane_errors import ControlPlaneError
 
@@ -140,11 +140,7 @@ def write_kubeconfig(path: Path, server: str, ca_cert: Path, user_name: str, use
         "current-context": user_name,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
-    tmp.replace(path)
+    atomic_write_text(path, yaml.safe_dump(config, sort_keys=False), mode=0o600, durable=False)
     return path
 
 

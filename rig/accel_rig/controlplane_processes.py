@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from accel_core.atomic import atomic_write_text
 from accel_rig.controlplane_errors import ControlPlaneError
 
 STATE_FILE = "cluster.json"
@@ -74,9 +75,7 @@ class ClusterRecord:
     ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
-        tmp = state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(state_dir / STATE_FILE)
+        atomic_write_text(state_dir / STATE_FILE, json.dumps(asdict(self), indent=2) + "\n", mode=0o644, durable=False)
 
     @classmethod
     def load(cls, state_dir: Path) -> ClusterRecord | None:

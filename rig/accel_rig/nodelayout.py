@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel_core.atomic import atomic_write_text
 from accel_rig.containerdnode import FAKE_HOST_IN_NODE
 from accel_rig.controlplane_errors import ControlPlaneError
 from accel_rig.controlplane_processes import ProcessRecord
@@ -136,9 +137,7 @@ class NodeRecord:
     loopback: str = ""
 
     def save(self, node_dir: Path) -> None:
-        tmp = node_dir / (NODE_RECORD + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(node_dir / NODE_RECORD)
+        atomic_write_text(node_dir / NODE_RECORD, json.dumps(asdict(self), indent=2) + "\n", mode=0o644, durable=False)
 
     @classmethod
     def load(cls, node_dir: Path) -> NodeRecord | None:

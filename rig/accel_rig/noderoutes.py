@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from accel_core.atomic import atomic_write_text
 from accel_rig.controlplane_processes import process_start_ticks
 
 #: Slots 0..MAX_SLOT: pods in 10.88.0.0/16 .. 10.198.0.0/16 (below the nodes' own 10.201.x.y), loopback
@@ -122,7 +123,5 @@ def claim_slot(routes_dir: Path, name: str) -> int:
 def save_route(routes_dir: Path, route: NodeRoute) -> Path:
     routes_dir.mkdir(parents=True, exist_ok=True)
     path = routes_dir / f"{route.name}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(route)) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(asdict(route)) + "\n", mode=0o644, durable=False)
     return path
