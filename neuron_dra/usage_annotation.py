@@ -21,14 +21,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from neuron_dra import NEURON_RESOURCE, NEURONCORE_RESOURCE
 from neuron_dra.topology import KINDS, Topology, TopologyKind
 
 USAGE_ANNOTATION = "neuron.amazonaws.com/device-usage"
 SCHEMA_VERSION = 1
 MAX_DEVICES = 1024
 MAX_CORES_PER_DEVICE = 64
-NEURON = "aws.amazon.com/neuron"
-NEURONCORE = "aws.amazon.com/neuroncore"
+NEURON = NEURON_RESOURCE
+NEURONCORE = NEURONCORE_RESOURCE
+RESOURCES = (NEURON, NEURONCORE)
 
 
 class UsageFormatError(ValueError):

@@ -29,14 +29,15 @@ EXIT_USAGE = 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    width = max(len(verb) for verb, _help in verbs.verb_help())
+    verb_help = verbs.verb_help()  # builds the verbs' parser: once
+    width = max(len(verb) for verb, _help in verb_help)
     p = argparse.ArgumentParser(
         prog="fake-sysfs",
         description="Generate the /sys, /dev and /proc files of an AWS instance type under DIR "
         "(point the daemons' host root at DIR).",
         epilog="Fault verbs on a tree written earlier (each has --help):\n"
         + "".join(textwrap.fill(text, 100, initial_indent=f"  fake-sysfs {verb.ljust(width)}  ",
-                                subsequent_indent=" " * (width + 15)) + "\n" for verb, text in verbs.verb_help())
+                                subsequent_indent=" " * (width + 15)) + "\n" for verb, text in verb_help)
         + "(a DIR named like a verb needs a path prefix: ./show)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -67,14 +68,15 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in verbs.verb_names():
+    names = verbs.verb_names()
+    if argv and argv[0] in names:
         return verbs.main(argv, _fail)
     args = _parser().parse_args(argv)
     if args.list:
         print(format_catalog())
         return EXIT_OK
     if args.instance_type is None or args.dir is None:
-        return _fail(f"need --instance-type TYPE and DIR, --list, or a fault verb ({', '.join(verbs.verb_names())})")
+        return _fail(f"need --instance-type TYPE and DIR, --list, or a fault verb ({', '.join(names)})")
     try:
         spec = catalog.get(args.instance_type)
     except UnknownInstanceType as exc:

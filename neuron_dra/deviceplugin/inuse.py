@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from accel_core.hostfiles import parse_index
 from accel_core.logs import kv
+from neuron_dra.usage_annotation import NEURON as NEURON
+from neuron_dra.usage_annotation import NEURONCORE as NEURONCORE
+from neuron_dra.usage_annotation import RESOURCES as RESOURCES
 
 log = logging.getLogger(__name__)
 
-NEURON = "aws.amazon.com/neuron"
-NEURONCORE = "aws.amazon.com/neuroncore"
-RESOURCES = (NEURON, NEURONCORE)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from neuron_dra.allocation import choose_cores, choose_devices
 from neuron_dra.topology import Topology, mask_of
 from neuron_dra.usage_annotation import NEURON, NEURONCORE, DeviceUsage
+from neuron_dra.usage_annotation import RESOURCES as RESOURCES
 
-RESOURCES = (NEURON, NEURONCORE)
 MAX_SCORE = 10
 
 
