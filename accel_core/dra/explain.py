@@ -584,7 +584,7 @@ class _Search:
 
 
 def compact(names: Sequence[str], limit: int = 6) -> str:
-    """``neuron-device-0..3, neuron-device-7``: runs of numbered names folded."""
+    """``dev-0..3, dev-7``: runs of numbered names folded."""
     groups: dict[str, list[int]] = defaultdict(list)
     plain = []
     for name in names:

@@ -34,7 +34,7 @@ from accel_core.hostfiles import parse_index
 from neuron_dra import DEVICE_PREFIX, DRA_DRIVER_NAME
 from neuron_dra.coreids import core_ids
 from neuron_dra.discovery import NeuronDevice, NeuronInventory
-from neuron_dra.dra.attributes import device_attributes, device_name
+from neuron_dra.dra.attributes import device_name
 from neuron_dra.scanner import CORE_INFIX, core_device_name, logical_cores
 
 RESOURCE_TYPE = "neuron_core"
@@ -89,9 +89,8 @@ def _consumes(chip: int, cores: Sequence[int] | range) -> dict[str, dict[str, in
 CHIP_ATTRIBUTES = ("deviceId", "instanceType", *(attribute_name(n) for n in GROUP_SIZES))
 
 
-def core_attributes(inv: NeuronInventory, dev: NeuronDevice, core: int, dra_version: str,
-                    chip_attrs: Mapping[str, AttributeValue] | None = None) -> dict[str, AttributeValue]:
-    chip = chip_attrs if chip_attrs is not None else device_attributes(inv, dev, dra_version)
+def core_attributes(inv: NeuronInventory, core: int, chip: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
+    """A core device's attributes: its own, and those of ``chip`` (the chip's) a core carries too."""
     attrs: dict[str, AttributeValue] = {"resourceType": RESOURCE_TYPE, "coreIndex": core}
     attrs.update((k, chip[k]) for k in CHIP_ATTRIBUTES if k in chip)
     if inv.lnc_applies and inv.lnc is not None:
@@ -118,7 +117,7 @@ def partitioned(inv: NeuronInventory, chips: Sequence[SliceDevice], dra_version:
                                  consumes_gates={counter_set_name(dev.index): gate} if gate else {}))
         for k in range(logical_cores(dev, inv.lnc)):
             cores.append(SliceDevice(core_device_name(dev.index, k),
-                                     core_attributes(inv, dev, k, dra_version, chip.attributes),
+                                     core_attributes(inv, k, chip.attributes),
                                      consumes=_consumes(dev.index, core_ids(k, inv.lnc or 1)),  # its physical cores
                                      node_label_gate=gate))
     return out_chips + cores, counters

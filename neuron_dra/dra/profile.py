@@ -184,16 +184,15 @@ class NeuronProfile:
         return RequestEdits(edits, ContainerEdits(env=tuple(env)), status)
 
 
-def device_status(devices: Sequence[NeuronDevice], lnc: int | None, numbering: CoreNumbering = "container",
-                  rank: Mapping[int, int] | None = None) -> dict[str, DeviceStatusData]:
+def device_status(devices: Sequence[NeuronDevice], lnc: int | None, numbering: CoreNumbering,
+                  rank: Mapping[int, int]) -> dict[str, DeviceStatusData]:
     """Each chip's ``status.devices`` data: its index, PCI address, the cores the container sees on it (as
     ``NEURON_RT_VISIBLE_CORES`` numbers them: with ``container`` numbering the container's devices renumbered from
     0 in index order (``rank``: chip -> its place among the request's chips), with ``host`` numbering the host's
     indices) and the Logical NeuronCore setting in effect."""
     out: dict[str, DeviceStatusData] = {}
-    for pos, dev in enumerate(devices):
-        place = rank[dev.index] if rank is not None else pos
-        visible = coreids.core_ids(place if numbering == "container" else dev.index,
+    for dev in devices:
+        visible = coreids.core_ids(rank[dev.index] if numbering == "container" else dev.index,
                                    coreids.logical_cores(dev.core_count, lnc))
         data: dict[str, object] = {"index": dev.index, "visibleCores": format_core_list(visible)}
         if dev.pci_address:
