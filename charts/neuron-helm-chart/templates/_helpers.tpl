@@ -231,3 +231,9 @@ spec:
     type: Directory
 {{- end }}
 {{- end }}
+
+{{/* The CEL that tells core devices (neuron_dra/dra/cores.py, resourceType neuron_core) from the rest; call with the
+     operator: "==" selects the cores (neuroncore.aws.com), "!=" everything else (neuron.aws.com with cores on). */}}
+{{- define "neuron.coreSelector" -}}
+device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType {{ . }} "neuron_core"
+{{- end }}
