@@ -81,16 +81,6 @@ true
 {{- end -}}
 {{- end }}
 
-{{/* The kubelet root without a trailing slash. */}}
-{{- define "neuron.kubeletRoot" -}}
-{{ trimSuffix "/" .Values.kubeletRootDir }}
-{{- end }}
-
-{{/* The kubelet's device-plugins directory: fixed by the kubelet, independent of its --root-dir. */}}
-{{- define "neuron.devicePluginsDir" -}}
-{{ trimSuffix "/" .Values.devicePluginsDir }}
-{{- end }}
-
 {{/* Pod affinity: the component's own `affinity` if set, else a required node affinity built from nodeSelection.
      Terms are ORed, so a node qualifies by instance type OR by label; each term also excludes compute types.
      Call with (dict "component" .Values.X "root" $). */}}
@@ -139,9 +129,9 @@ nodeAffinity:
     fieldRef:
       fieldPath: spec.nodeName
 - name: KUBELET_ROOT
-  value: {{ include "neuron.kubeletRoot" .root | quote }}
+  value: {{ include "accel-dra.kubeletRoot" (dict "root" .root) | quote }}
 - name: DEVICE_PLUGINS_DIR
-  value: {{ include "neuron.devicePluginsDir" .root | quote }}
+  value: {{ include "accel-dra.devicePluginsDir" (dict "root" .root) | quote }}
 - name: LOG_LEVEL
   value: {{ .root.Values.logLevel | quote }}
 - name: LOG_FORMAT
@@ -149,24 +139,7 @@ nodeAffinity:
 - name: METRICS_PORT
   value: {{ ternary .component.metrics.port 0 .component.metrics.enabled | quote }}
 {{- if .component.metrics.enabled }}
-{{ include "neuron.metricsAddressEnv" .component.metrics.address }}
-{{- end }}
-{{- end }}
-
-{{/* METRICS_ADDRESS from a component's metrics.address: podIP and hostIP come from the downward API, anything else
-     is a literal address. */}}
-{{- define "neuron.metricsAddressEnv" -}}
-- name: METRICS_ADDRESS
-{{- if eq . "podIP" }}
-  valueFrom:
-    fieldRef:
-      fieldPath: status.podIP
-{{- else if eq . "hostIP" }}
-  valueFrom:
-    fieldRef:
-      fieldPath: status.hostIP
-{{- else }}
-  value: {{ . | quote }}
+{{ include "accel-dra.metricsAddressEnv" .component.metrics.address }}
 {{- end }}
 {{- end }}
 
@@ -207,29 +180,6 @@ spec:
 {{- define "neuron.ownedNodeAnnotations" -}}
 {{ toJson (list
   "neuron.amazonaws.com/device-usage") }}
-{{- end }}
-
-{{/* Fake-sysfs mode (fakeHost.path): the daemon reads that directory, a hostPath mounted read-only at the same
-     path, as its host root (--host-root) instead of /. For nodes without accelerators: tests, demos, CI. */}}
-{{- define "neuron.fakeHostArgs" -}}
-{{- with .Values.fakeHost.path }}, "--host-root", {{ . | quote }}{{ end }}
-{{- end }}
-
-{{- define "neuron.fakeHostMount" -}}
-{{- with .Values.fakeHost.path }}
-- name: fake-host
-  mountPath: {{ . }}
-  readOnly: true
-{{- end }}
-{{- end }}
-
-{{- define "neuron.fakeHostVolume" -}}
-{{- with .Values.fakeHost.path }}
-- name: fake-host
-  hostPath:
-    path: {{ . }}
-    type: Directory
-{{- end }}
 {{- end }}
 
 {{/* The CEL that tells core devices (neuron_dra/dra/cores.py, resourceType neuron_core) from the rest; call with the
