@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from accel_core.dra.explain import ClaimSpec, DeviceId
+from accel_core.nodeaffinity import selects_node
 
 KINDS = {"pod": "Pod", "pods": "Pod", "po": "Pod", "resourceclaim": "ResourceClaim",
          "resourceclaims": "ResourceClaim", "claim": "ResourceClaim",
@@ -148,7 +149,7 @@ def select_nodes(inputs: Inputs, pod: Mapping[str, Any], nodes: Sequence[Mapping
     if not selector:
         return
     fitting = {n["metadata"]["name"] for n in nodes
-               if all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())}
+               if selects_node({"nodeSelector": selector}, n["metadata"].get("labels") or {})}
     inputs.nodes = fitting if inputs.nodes is None else inputs.nodes & fitting
     inputs.notes.append(f"the pod's nodeSelector {selector} leaves {len(fitting)} node(s)")
 

@@ -47,7 +47,7 @@ from accel_core.dra.kubeletservices import (
     Results,
 )
 from accel_core.dra.logtext import Throttle, cut
-from accel_core.dra.sockets import dra_socket_path, instance_lock_path, unlink_stale
+from accel_core.dra.sockets import dra_socket_path, instance_lock_path, registration_socket_path, unlink_stale
 from accel_core.dra.types import ClaimError, ClaimRef, DeviceHealthReport, DraHandler, PreparedDevice
 from accel_core.instancelock import InstanceLock
 from accel_core.kubeletapi import dra_health_v1alpha1_pb2_grpc as hp_grpc
@@ -204,9 +204,8 @@ class DraPlugin:
         self.handler = handler
         self.claims = claims
         self.driver = handler.driver_name
-        suffix = f"-{pod_uid}" if pod_uid else ""
         self.data_dir = paths.plugins_data_dir / self.driver
-        self.registration_socket = paths.plugins_registry_dir / f"{self.driver}{suffix}-reg.sock"
+        self.registration_socket = registration_socket_path(paths, self.driver, pod_uid)
         self.dra_socket = dra_socket_path(paths, self.driver, pod_uid)
         #: Held from before the checkpoint is loaded until the process ends (see :mod:`accel_core.instancelock`).
         self.instance = InstanceLock(instance_lock_path(paths, self.driver, pod_uid))

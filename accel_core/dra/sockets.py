@@ -5,7 +5,13 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from accel_core.coexistence import REG_SUFFIX
 from accel_core.paths import HostPaths, check_socket_path
+
+
+def registration_socket_path(paths: HostPaths, driver: str, pod_uid: str | None) -> Path:
+    """``<plugins_registry>/<driver>[-<podUID>]-reg.sock`` (the names the device plugins' guard looks for)."""
+    return paths.plugins_registry_dir / (f"{driver}-{pod_uid}{REG_SUFFIX}" if pod_uid else f"{driver}{REG_SUFFIX}")
 
 
 def dra_socket_path(paths: HostPaths, driver: str, pod_uid: str | None) -> Path:
