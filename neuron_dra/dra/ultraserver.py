@@ -27,8 +27,13 @@ CORES_COUNTER = "cores"
 """With core devices on: the node's physical cores; each core device consumes its own (its chip consumes 1 chip)."""
 
 
+def _counts(chips: int, cores: int) -> dict[str, int]:
+    """The node's counters: every chip, and with core devices every physical core."""
+    return {COUNTER: chips, **({CORES_COUNTER: cores} if cores else {})}
+
+
 def chip_counters(chips: int, cores: int = 0) -> CounterSet:
-    return CounterSet(COUNTER_SET, {COUNTER: chips, **({CORES_COUNTER: cores} if cores else {})})
+    return CounterSet(COUNTER_SET, _counts(chips, cores))
 
 
 def chip_consumes() -> dict[str, dict[str, int]]:
@@ -65,7 +70,7 @@ def node_device(ids: UltraServerIds, instance_type: str, driver_version: str | N
     """The node's share of the UltraServer: consumes every chip's counter (and, with core devices, every core's);
     no capacity (as the chips)."""
     return SliceDevice(NODE_DEVICE, node_attributes(ids, instance_type, driver_version, dra_version),
-                       consumes={COUNTER_SET: {COUNTER: chips, **({CORES_COUNTER: cores} if cores else {})}})
+                       consumes={COUNTER_SET: _counts(chips, cores)})
 
 
 def runtime_env(ids: UltraServerIds | None, mode: int, request: str, node: str) -> list[tuple[str, str]]:
