@@ -60,7 +60,7 @@ class Rig(DriverRig):
         mp.setattr(os, "unlink", remove)
         for name in ("atomic_write_text", "atomic_write_bytes"):
             mp.setattr(checkpoint_module, name, _full if checkpoint else REAL[f"checkpoint.{name}"])
-        mp.setattr(cdi_module, "_create", _full if cdi else REAL["cdi._create"])
+        mp.setattr(cdi_module, "create_file", _full if cdi else REAL["cdi.create_file"])
         mp.setattr(cdi_module, "atomic_write_text", _full if cdi else REAL["cdi.atomic_write_text"])
 
     def consistent(self) -> None:
@@ -80,7 +80,7 @@ class Rig(DriverRig):
 REAL: dict[str, Any] = {"pwrite": os.pwrite, "unlink": os.unlink,
                         "checkpoint.atomic_write_text": checkpoint_module.atomic_write_text,
                         "checkpoint.atomic_write_bytes": checkpoint_module.atomic_write_bytes,
-                        "cdi._create": cdi_module._create, "cdi.atomic_write_text": cdi_module.atomic_write_text}
+                        "cdi.create_file": cdi_module.create_file, "cdi.atomic_write_text": cdi_module.atomic_write_text}
 
 
 @pytest.fixture
