@@ -19,6 +19,7 @@ from typing import Any
 
 from asyncinotify import Inotify, Mask
 
+from accel_core.healthpoll import FilePoller, PollTimer
 from accel_core.logs import kv
 
 log = logging.getLogger(__name__)
@@ -247,3 +248,21 @@ class ChangeWatcher:
 
         asyncio.get_running_loop().add_reader(monitor.fileno(), on_readable)
         self._udev_monitor = monitor
+
+
+@contextlib.asynccontextmanager
+async def watching_host(paths_fn: Callable[[], Iterable[Path]], poller: FilePoller, *, rescan_interval: float,
+                        health_poll_interval: float, udev_subsystems: Iterable[str] = (),
+                        depth: int = 2) -> AsyncIterator[ChangeWatcher]:
+    """A daemon's watch of its host: a :class:`ChangeWatcher` on ``paths_fn``, kicked ("health") whenever a poll
+    of ``poller``'s files every ``health_poll_interval`` seconds sees one change; the poll stops and ``poller`` is
+    closed at the end."""
+    async with ChangeWatcher(paths_fn, rescan_interval=rescan_interval, depth=depth,
+                             udev_subsystems=udev_subsystems) as watcher:
+        timer = PollTimer(poller, health_poll_interval, lambda: watcher.kick("health"))
+        timer.start()
+        try:
+            yield watcher
+        finally:
+            timer.cancel()
+            poller.close()

@@ -200,20 +200,18 @@ class DevicePluginService:
 
     async def _watch(self, stop: asyncio.Event, files: list[Path]) -> None:
         """Follow the host until ``stop`` (or a server fails: its error is raised)."""
-        from accel_core.healthpoll import FilePoller, PollTimer
-        from accel_core.watch import ChangeWatcher
+        from accel_core.healthpoll import FilePoller
+        from accel_core.watch import watching_host
 
         handover = self.handover
         assert handover is not None
         tasks = [s.start(stop) for s in self.servers]  # already running (register_first)
         poller = FilePoller()
         poller.watch(files)
-        watcher = ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval,
-                                udev_subsystems=udev_subsystems(self._profile.scanner, self.paths))
-        timer = PollTimer(poller, self.health_poll_interval, lambda: watcher.kick("health"))
         recheck: asyncio.TimerHandle | None = None
-        async with watcher:
-            timer.start()
+        async with watching_host(self.watch_paths, poller, rescan_interval=self.rescan_interval,
+                                 health_poll_interval=self.health_poll_interval,
+                                 udev_subsystems=udev_subsystems(self._profile.scanner, self.paths)) as watcher:
             try:
                 async for reason in watcher.changes(stop, tasks=tasks):
                     try:
@@ -235,10 +233,8 @@ class DevicePluginService:
                     if task.done() and not task.cancelled() and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
             finally:
-                timer.cancel()
                 if recheck is not None:
                     recheck.cancel()
-                poller.close()
                 stop.set()
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError):

@@ -52,13 +52,13 @@ from accel_core.dra.store import ClaimStore
 from accel_core.dra.taints import DEFAULT_NOEXECUTE_AFTER, UnhealthyTaints
 from accel_core.dra.types import ClaimError
 from accel_core.health import HEALTHY, DeviceHealth
-from accel_core.healthpoll import FilePoller, PollTimer
+from accel_core.healthpoll import FilePoller
 from accel_core.hostscan import udev_subsystems
 from accel_core.instancelock import InstanceLock
 from accel_core.logs import ProblemLog, kv
 from accel_core.ownnode import OwnNode
 from accel_core.paths import HostPaths
-from accel_core.watch import STOP, ChangeWatcher, wake
+from accel_core.watch import STOP, ChangeWatcher, wake, watching_host
 
 log = logging.getLogger(__name__)
 
@@ -425,10 +425,9 @@ class DraService:
         return await read_node(self.client, self.node_name), None
 
     async def _watch_host(self, stop: asyncio.Event) -> None:
-        async with ChangeWatcher(self.watch_paths, rescan_interval=self.rescan_interval, depth=1,
+        async with watching_host(self.watch_paths, self.poller, rescan_interval=self.rescan_interval,
+                                 health_poll_interval=self.health_poll_interval, depth=1,
                                  udev_subsystems=udev_subsystems(self.profile.scanner, self.paths)) as watcher:
-            timer = PollTimer(self.poller, self.health_poll_interval, lambda: watcher.kick("health"))
-            timer.start()
             refresh = asyncio.create_task(self._refresh_health(stop))
             held_recheck = asyncio.create_task(self._recheck_held(watcher, stop))
             try:
@@ -436,8 +435,6 @@ class DraService:
                     await self.rescan()
                     await self._report_health()
             finally:
-                timer.cancel()
-                self.poller.close()
                 refresh.cancel()
                 held_recheck.cancel()
                 await asyncio.gather(refresh, held_recheck, return_exceptions=True)
