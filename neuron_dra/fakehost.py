@@ -17,12 +17,12 @@ from accel_core.fakehost import layout, verbs
 from accel_core.fakehost.fsops import FakeHostError, resolve
 from accel_core.fakehost.host import FakeHost
 from accel_core.fakehost.parts import CliOption, Host, HostPart, Writer
+from neuron_dra.driver_sysfs import LNC_FILE, LNC_KEY, NEURON_PCI_VENDOR
 from neuron_dra.facts import ultraserver
 from neuron_dra.facts.catalog import neuron_spec, supports_lnc
 from neuron_dra.facts.ultraserver import UltraServerIds
 
 NEURON_MAJOR = 241  # assumed: the Neuron driver allocates its major dynamically
-_VENDOR = "0x1d0f"
 _POWER_TIMESTAMP = 1767225600  # assumed: fixed so trees are reproducible
 
 NEURON_STATUS_COUNTERS = (
@@ -138,7 +138,7 @@ class NeuronPart(HostPart):
     def write(self, w: Writer) -> None:
         spec, neuron = self.spec, neuron_spec(self.spec)
         if self.opts["lnc"] is not None:
-            w.file("opt/aws/neuron/logical_nc_config", f"NEURON_LOGICAL_NC_CONFIG={self.opts['lnc']}\n")
+            w.file(LNC_FILE.lstrip("/"), f"{LNC_KEY}={self.opts['lnc']}\n")
         if neuron is None:
             return
         ids = _ultraserver_ids(spec, self.opts["ultraserver_id"], self.opts["ultraserver_node"])
@@ -150,7 +150,7 @@ class NeuronPart(HostPart):
     def _write_slot(self, w: Writer, slot: NeuronSlot) -> None:
         spec, neuron = self.spec, neuron_spec(self.spec)
         assert neuron is not None
-        w.pci_function(slot.pci, vendor=_VENDOR, device=neuron.pci_device_id, pci_class="0x088000",
+        w.pci_function(slot.pci, vendor=NEURON_PCI_VENDOR, device=neuron.pci_device_id, pci_class="0x088000",
                        driver=slot.driver)
         dev = neuron.devices[slot.index]
         d = slot.sysfs_dir

@@ -6,12 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from accel_core.edits import ContainerEdits
-from accel_core.hostscan import HostScan, HostScanner
-
-InventoryT = TypeVar("InventoryT")
+from accel_core.hostscan import HostScan, HostScanner, InventoryT
 
 
 @dataclass(frozen=True)
