@@ -15,8 +15,8 @@ $(VENV)/.installed: pyproject.toml rig/pyproject.toml tests/sample_accelerator/p
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	$(BIN)/pip install --quiet --no-build-isolation -e rig  # the dev rig, a distribution of its own (rig/pyproject.toml)
-	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e tests/sample_accelerator  # the tests' third accelerator
+	$(BIN)/pip install --quiet -e rig  # the dev rig, a distribution of its own (rig/pyproject.toml)
+	$(BIN)/pip install --quiet --no-deps -e tests/sample_accelerator  # the tests' third accelerator
 	touch $@
 
 kube:
