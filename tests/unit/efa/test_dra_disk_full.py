@@ -80,7 +80,8 @@ class Rig(DriverRig):
 REAL: dict[str, Any] = {"pwrite": os.pwrite, "unlink": os.unlink,
                         "checkpoint.atomic_write_text": checkpoint_module.atomic_write_text,
                         "checkpoint.atomic_write_bytes": checkpoint_module.atomic_write_bytes,
-                        "cdi.create_file": cdi_module.create_file, "cdi.atomic_write_text": cdi_module.atomic_write_text}
+                        "cdi.create_file": cdi_module.create_file,
+                        "cdi.atomic_write_text": cdi_module.atomic_write_text}
 
 
 @pytest.fixture
