@@ -46,10 +46,14 @@ def test_neuron_devices_stay_with_their_pod_across_kubelet_and_plugin_restarts(
     wait(lambda: allocatable(kube_client, node.name, NEURON) == 16, "the plugin registered again", timeout=60)
     seen = {r: _registrations(node, r) for r in (NEURON, NEURONCORE)}
     plugin.stop()
-    daemon("neuron-device-plugin", "serve", "--metrics-port", "0", env=node.env())
+    again = daemon("neuron-device-plugin", "serve", "--metrics-port", "0", env=node.env())
     wait(lambda: all(_registrations(node, r) > n for r, n in seen.items()), "the new plugin process registered",
          timeout=60)
-    # The new plugin process learns from PodResources that the first pod's 4 devices (16 cores) are taken.
+    # The new plugin process learns from PodResources that the first pod's 4 devices (16 cores) are taken; its own
+    # log says so. The Node's allocatable read 48 already before the restarts, and until the new process has sent its
+    # lists the kubelet has no healthy device to admit a pod with (UnexpectedAdmissionError: a plugin restart's gap).
+    wait(lambda: "resource=aws.amazon.com/neuroncore devices=64 healthy=48" in again.tail(100),
+         "the new process withdrawing the held cores", timeout=60)
     wait(lambda: allocatable(kube_client, node.name, NEURONCORE) == 64 - 16, "the held cores withdrawn again",
          timeout=60)
 
